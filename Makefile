@@ -1,0 +1,50 @@
+# kvdro: the two commands of the README, plus a few helpers. Every target sets itself up.
+#   make book   -- create .venv if missing, install, execute every chapter, build _build/html (strict)
+#   make test   -- same set-up, build the book, then unit/property/browser tests and every chapter under nbval
+#   make lab    -- JupyterLab in which the book/*.md chapters open as notebooks (jupytext)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Real traces: a local folder that already holds them (never copied into the repository).
+KVDRO_DATA_DIR ?= $(abspath $(wildcard ../shared/data))
+export KVDRO_DATA_DIR
+export PYTHONHASHSEED := 0
+export MPLBACKEND := Agg
+
+CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
+
+.PHONY: book test lab bench clean install notebooks
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build -n -W --keep-going .
+	@du -sh _build/html
+
+notebooks: $(STAMP)
+	rm -rf _build/nbval && mkdir -p _build/nbval
+	for f in $(CHAPTERS); do \
+	  if grep -q '{code-cell}' $$f; then \
+	    $(BIN)/jupytext --quiet --to ipynb --output _build/nbval/$$(basename $${f%.md}).ipynb $$f; \
+	  fi; \
+	done
+
+test: book notebooks
+	$(BIN)/python -m pytest -q --nbval-lax tests _build/nbval
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.contents_manager_class=jupytext.TextFileContentsManager book/
+
+bench: $(STAMP)
+	$(BIN)/python -m kvdro.bench all
+
+clean:
+	rm -rf _build

@@ -1,0 +1,83 @@
+"""Sphinx extension: serve the book's JavaScript locally so every page works with no network.
+
+* Vega, Vega-Lite and Vega-Embed: one bundle made by ``vl-convert`` (the same library versions
+  Altair targets), written to ``_static/kvdro-vega.js``. It draws every chart that
+  :func:`kvdro.plotting.chart_html` put on the page and removes the static SVG fallback.
+* MathJax: the MathJax 2.7 tree shipped by the ``jupyter-server-mathjax`` wheel, copied to
+  ``_static/mathjax`` and used instead of the CDN default.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sphinx.application import Sphinx
+
+VEGA_FILE = "kvdro-vega.js"
+MATHJAX_DIR = "mathjax"
+MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML"
+
+# Runs after the bundle defines vegaEmbed: draw the queued charts, mark each one as rendered.
+RENDER_SNIPPET = """
+window.vegaEmbed = vegaEmbed;
+window.kvdroRender = function () {
+  const queue = window.kvdroCharts || [];
+  while (queue.length) {
+    const id = queue.shift();
+    const box = document.getElementById(id);
+    if (!box || box.dataset.kvdroRendered) { continue; }
+    const spec = JSON.parse(box.querySelector("script.kvdro-spec").textContent);
+    vegaEmbed(box.querySelector(".kvdro-vega"), spec, {renderer: "svg", actions: false})
+      .then(function () {
+        box.dataset.kvdroRendered = "vega";
+        const fallback = box.querySelector(".kvdro-fallback");
+        if (fallback) { fallback.remove(); }
+      })
+      .catch(function (err) { box.dataset.kvdroError = String(err); });
+  }
+};
+if (document.readyState === "loading") {
+  document.addEventListener("DOMContentLoaded", window.kvdroRender);
+} else {
+  window.kvdroRender();
+}
+"""
+
+
+def _mathjax_source() -> Path:
+    import jupyter_server_mathjax
+
+    return Path(jupyter_server_mathjax.__file__).parent / "static"
+
+
+def _write_assets(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    import vl_convert
+
+    static = Path(app.outdir) / "_static"
+    static.mkdir(parents=True, exist_ok=True)
+    bundle = vl_convert.javascript_bundle(RENDER_SNIPPET)
+    (static / VEGA_FILE).write_text("(function () {\n" + bundle + "\n})();\n", encoding="utf-8")
+    target = static / MATHJAX_DIR
+    if not target.exists():
+        shutil.copytree(_mathjax_source(), target, ignore=shutil.ignore_patterns("*.md", "LICENSE"))
+
+
+def _use_local_mathjax(app: Sphinx, config) -> None:
+    config.mathjax_path = MATHJAX_PATH
+    config.mathjax3_config = None
+    config.mathjax2_config = {
+        "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]],
+                    "processEscapes": True, "processClass": "math|output_area", "ignoreClass": "document"},
+        "HTML-CSS": {"availableFonts": ["TeX"], "imageFont": None},
+        "messageStyle": "none",
+    }
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", _use_local_mathjax, priority=900)
+    app.connect("build-finished", _write_assets)
+    app.add_js_file(VEGA_FILE)
+    return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

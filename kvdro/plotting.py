@@ -1,0 +1,117 @@
+"""One Altair theme and an offline renderer for every chart in the book.
+
+Altair's default renderers load Vega from a CDN, which breaks a book read offline. Here a chart is
+rendered as HTML that
+
+* holds the Vega-Lite spec in a ``<script type="application/json">`` element,
+* shows a static SVG (rendered by ``vl-convert``) as a fallback until JavaScript runs, and
+* is drawn interactively by one local Vega bundle (``_static/kvdro-vega.js``, written into the
+  built book by ``book/_ext/kvdro_offline.py`` from ``vl-convert``), so sliders and tooltips work
+  with no network.
+
+Chart ids are a hash of the spec, so outputs do not change from run to run. The mimebundle also
+carries the Vega-Lite spec for JupyterLab's own renderer.
+
+Use it once per chapter::
+
+    import kvdro.plotting
+    kvdro.plotting.enable()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import altair as alt
+
+THEME_NAME = "kvdro"
+RENDERER_NAME = "kvdro_offline"
+
+#: Okabe-Ito colour-blind-safe palette; the first colour is the "robust" (DRO) colour throughout.
+PALETTE: tuple[str, ...] = (
+    "#0072B2",  # blue   -- DRO / robust
+    "#E69F00",  # orange -- SAA / empirical
+    "#009E73",  # green
+    "#D55E00",  # vermillion
+    "#CC79A7",  # purple
+    "#56B4E9",  # sky blue
+    "#F0E442",  # yellow
+    "#000000",  # black
+)
+FONT = "Helvetica, Arial, sans-serif"
+WIDTH = 560
+HEIGHT = 300
+
+
+def kvdro_theme() -> alt.theme.ThemeConfig:
+    """The book's chart theme: colour-blind palette, readable fonts, a fixed chart size."""
+    return {
+        "config": {
+            "view": {"continuousWidth": WIDTH, "continuousHeight": HEIGHT, "stroke": None},
+            "range": {"category": list(PALETTE)},
+            "font": FONT,
+            "title": {"fontSize": 15, "anchor": "start", "fontWeight": "normal"},
+            "axis": {
+                "labelFontSize": 12,
+                "titleFontSize": 13,
+                "titleFontWeight": "normal",
+                "gridColor": "#e6e6e6",
+                "domainColor": "#888888",
+                "tickColor": "#888888",
+            },
+            "legend": {"labelFontSize": 12, "titleFontSize": 13, "titleFontWeight": "normal"},
+            "line": {"strokeWidth": 2},
+            "point": {"size": 50, "filled": True},
+        }
+    }
+
+
+alt.theme.register(THEME_NAME, enable=False)(kvdro_theme)
+
+
+def chart_id(spec: dict[str, Any]) -> str:
+    """A stable element id: a hash of the spec (so rebuilding the book changes nothing)."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return f"kvdro-chart-{digest[:16]}"
+
+
+def static_svg(spec: dict[str, Any]) -> str:
+    """The chart as an SVG string, rendered in-process by vl-convert (no browser, no network)."""
+    import vl_convert
+
+    return vl_convert.vegalite_to_svg(spec)
+
+
+def chart_html(spec: dict[str, Any]) -> str:
+    """HTML for one chart: static SVG fallback, the spec as JSON, and a hook for the Vega bundle."""
+    cid = chart_id(spec)
+    spec_json = json.dumps(spec, sort_keys=True).replace("</", "<\\/")
+    return (
+        f'<div class="kvdro-chart" id="{cid}">'
+        f'<div class="kvdro-fallback" role="img" aria-label="static chart">{static_svg(spec)}</div>'
+        f'<div class="kvdro-vega"></div>'
+        f'<script type="application/json" class="kvdro-spec">{spec_json}</script>'
+        f"<script>(window.kvdroCharts = window.kvdroCharts || []).push({json.dumps(cid)});"
+        f" if (window.kvdroRender) {{ window.kvdroRender(); }}</script>"
+        f"</div>"
+    )
+
+
+def render_offline(spec: dict[str, Any], **_: Any) -> dict[str, Any]:
+    """Altair renderer: a mimebundle with offline HTML plus the raw Vega-Lite spec for JupyterLab."""
+    mime = f"application/vnd.vegalite.v{alt.SCHEMA_VERSION.split('.')[0].lstrip('v')}+json"
+    return {"text/html": chart_html(spec), mime: spec, "text/plain": f"<kvdro chart {chart_id(spec)}>"}
+
+
+alt.renderers.register(RENDERER_NAME, render_offline)
+
+
+def enable() -> None:
+    """Turn on the book's theme and the offline renderer (call once at the top of a chapter)."""
+    alt.theme.enable(THEME_NAME)
+    alt.renderers.enable(RENDERER_NAME)
+    alt.data_transformers.disable_max_rows()
+
+
