@@ -12,6 +12,7 @@ KVDRO_DATA_DIR ?= $(abspath $(wildcard ../shared/data))
 export KVDRO_DATA_DIR
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
+export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
 

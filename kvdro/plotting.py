@@ -62,6 +62,7 @@ def kvdro_theme() -> alt.theme.ThemeConfig:
                 "tickColor": "#888888",
             },
             "legend": {"labelFontSize": 12, "titleFontSize": 13, "titleFontWeight": "normal"},
+            "mark": {"color": PALETTE[0]},
             "line": {"strokeWidth": 2},
             "point": {"size": 50, "filled": True},
         }

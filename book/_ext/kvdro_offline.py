@@ -16,7 +16,7 @@ from sphinx.application import Sphinx
 
 VEGA_FILE = "kvdro-vega.js"
 MATHJAX_DIR = "mathjax"
-MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML"
+MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
 
 # Runs after the bundle defines vegaEmbed: draw the queued charts, mark each one as rendered.
 RENDER_SNIPPET = """
@@ -76,8 +76,22 @@ def _use_local_mathjax(app: Sphinx, config) -> None:
     }
 
 
+def _drop_duplicate_inline_scripts(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """sphinx-thebe registers its inline configuration twice; the second copy is a SyntaxError."""
+    seen: set[str] = set()
+    unique = []
+    for script in context.get("script_files", []):
+        body = getattr(script, "attributes", {}).get("body", "") if not isinstance(script, str) else ""
+        if body and body in seen:
+            continue
+        seen.add(body)
+        unique.append(script)
+    context["script_files"] = unique
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _use_local_mathjax, priority=900)
+    app.connect("html-page-context", _drop_duplicate_inline_scripts, priority=1000)
     app.connect("build-finished", _write_assets)
     app.add_js_file(VEGA_FILE)
     return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,33 @@
+"""Dispatcher: ``python -m kvdro.bench NAME [args]`` or ``python -m kvdro.bench all``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import kvdro.bench
+
+
+def available() -> list[str]:
+    """Names of the benchmark modules in this package."""
+    return sorted(m.name for m in pkgutil.iter_modules(kvdro.bench.__path__) if not m.name.startswith("_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = available()
+    if not argv or argv[0] in {"-h", "--help"}:
+        print("usage: python -m kvdro.bench {" + ",".join(names + ["all"]) + "} [args]")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name == "all":
+        return max((importlib.import_module(f"kvdro.bench.{n}").main(rest) for n in names), default=0)
+    if name not in names:
+        print(f"unknown benchmark {name!r}; choose from {names + ['all']}", file=sys.stderr)
+        return 2
+    return importlib.import_module(f"kvdro.bench.{name}").main(rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
