@@ -1,0 +1,613 @@
+"""The A100-80GB / Llama-2-70B serving model: KV capacity, effective (C_k, B_k), step times.
+
+Everything here is derived from first principles -- bytes moved and FLOPs executed -- plus a small
+number of *achieved-efficiency* constants that are fitted to real A100 measurements (Vidur's
+profiles, :cite:`agrawal2024vidur`) and re-checked by ``tests/test_hardware.py``:
+
+* a linear operator (a GEMM ``[m, k] @ [k, n]``) takes
+  ``t0 + max(FLOPs / (eta_c * peak), bytes / (eta_m * HBM bandwidth))`` -- a roofline max -- where the
+  FLOPs are counted with ``m`` rounded up to the GEMM tile (tensor-core tiles waste work on a
+  partial tile), ``eta_c``/``eta_m`` are the achieved fractions of peak and ``t0`` a per-kernel
+  overhead (launch, tail effect);
+* an all-reduce of ``S`` bytes over ``n`` GPUs (ring) takes ``lat + 2 (n-1)/n * S / (eta_nv * NVLink)``;
+* attention in decode reads every cached K and V byte once: ``KV bytes / (eta_m * bandwidth)``.
+
+Units: bytes, seconds, FLOP, FLOP/s, bytes/s, tokens. Equation numbers refer to
+Cheng, Do, Nguyen (arXiv 2607.16892).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "GPU",
+    "Model",
+    "ParallelConfig",
+    "ConfigPerformance",
+    "A100_80GB",
+    "LLAMA2_70B",
+    "PAPER_CONFIGS",
+    "BLOCK_TOKENS",
+    "GPU_MEMORY_UTILIZATION",
+    "ACTIVATION_RESERVE_BYTES",
+    "DEFAULT_DECODE_BATCH",
+    "weight_bytes",
+    "kv_bytes_per_token",
+    "kv_capacity_tokens",
+    "prefill_flops_per_token",
+    "linear_operators",
+    "linear_op_time",
+    "elementwise_op_time",
+    "layer_linear_times",
+    "allreduce_time",
+    "config_performance",
+    "configs_for",
+    "step_time",
+    "VIDUR_LINEAR_OPS",
+    "read_vidur_linear",
+    "read_vidur_allreduce",
+    "predict_linear",
+    "predict_allreduce",
+    "calibrate",
+]
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator: capacities at peak plus achieved-efficiency constants (fitted, see module doc).
+
+    ``hbm_bytes`` (bytes), ``hbm_bandwidth`` (bytes/s), ``peak_flops`` (FLOP/s, dense bf16/fp16 tensor
+    core), ``nvlink_bandwidth`` (bytes/s per direction). The ``*_efficiency`` fields are the fractions
+    of the peak figures that real kernels reach; ``kernel_overhead_s`` is added once per kernel;
+    ``gemm_tile`` (tokens) is the tile to which the row count of a GEMM is rounded up.
+    """
+
+    name: str
+    hbm_bytes: int
+    hbm_bandwidth: float
+    peak_flops: float
+    nvlink_bandwidth: float
+    hbm_efficiency: float = 1.0
+    compute_efficiency: float = 1.0
+    kernel_overhead_s: float = 0.0
+    gemm_tile: int = 1
+    nvlink_efficiency: float = 1.0
+    allreduce_latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field in ("hbm_bytes", "hbm_bandwidth", "peak_flops", "nvlink_bandwidth"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{field} must be a positive finite number, got {value!r}")
+        for field in ("hbm_efficiency", "compute_efficiency", "nvlink_efficiency"):
+            value = getattr(self, field)
+            if not (0 < value <= 1):
+                raise ValueError(f"{field} must be in (0, 1], got {value!r}")
+        for field in ("kernel_overhead_s", "allreduce_latency_s"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{field} must be a non-negative finite number, got {value!r}")
+        if int(self.gemm_tile) != self.gemm_tile or self.gemm_tile < 1:
+            raise ValueError(f"gemm_tile must be a positive integer, got {self.gemm_tile!r}")
+
+    def at_peak(self) -> GPU:
+        """The same GPU with every efficiency 1 and no overheads: the textbook roofline."""
+        return replace(
+            self,
+            hbm_efficiency=1.0,
+            compute_efficiency=1.0,
+            kernel_overhead_s=0.0,
+            gemm_tile=1,
+            nvlink_efficiency=1.0,
+            allreduce_latency_s=0.0,
+        )
+
+
+@dataclass(frozen=True)
+class Model:
+    """A dense decoder-only transformer (Llama family: gated MLP, grouped-query attention)."""
+
+    name: str
+    n_layers: int
+    hidden: int
+    ffn: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_params: int
+    dtype_bytes: int
+    vocab: int
+
+    def __post_init__(self) -> None:
+        for field in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "head_dim", "n_params", "dtype_bytes", "vocab"):
+            value = getattr(self, field)
+            if int(value) != value or value < 1:
+                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+
+
+# A100-SXM4-80GB. Sources: NVIDIA A100 Tensor Core GPU datasheet (2021): 80 GB HBM2e, 2,039 GB/s,
+# 312 TFLOP/s dense BF16/FP16 tensor core; third-generation NVLink 600 GB/s total = 300 GB/s per
+# direction. "80 GB" is 80 GiB of HBM (81,920 MiB as nvidia-smi reports).
+# Efficiencies: `calibrate` fitted to Vidur's A100 profiles (llama2-70b-mlp.csv, TP in {1, 2};
+# all_reduce_a100_dgx.csv, 2 and 4 GPUs in one node); tests/test_hardware.py re-fits and compares.
+A100_80GB = GPU(
+    name="A100-SXM4-80GB",
+    hbm_bytes=80 * 2**30,
+    hbm_bandwidth=2.039e12,
+    peak_flops=312e12,
+    nvlink_bandwidth=300e9,
+    hbm_efficiency=0.775,  # fitted: 1.58 TB/s achieved by memory-bound GEMMs
+    compute_efficiency=0.753,  # fitted: 235 TFLOP/s achieved by large GEMMs
+    kernel_overhead_s=4.8e-6,  # fitted: per-kernel launch/tail overhead
+    gemm_tile=128,  # assumption: rows of a GEMM are padded to a 128-row tensor-core tile
+    nvlink_efficiency=0.597,  # fitted: ring all-reduce bus bandwidth 179 GB/s
+    allreduce_latency_s=51e-6,  # fitted: NCCL all-reduce fixed cost
+)
+
+# Llama-2-70B. Source: Hugging Face meta-llama/Llama-2-70b-hf config.json (num_hidden_layers 80,
+# hidden_size 8192, intermediate_size 28672, num_attention_heads 64, num_key_value_heads 8,
+# vocab_size 32000, torch_dtype float16); head_dim = 8192 / 64 = 128. Parameter count
+# 68,976,648,192 = 80 layers x (4 attention + 3 MLP matrices + 2 norms) + embedding + LM head + norm,
+# computed by `_llama_params` below and checked by the tests.
+def _llama_params(n_layers: int, hidden: int, ffn: int, n_heads: int, n_kv_heads: int, head_dim: int, vocab: int) -> int:
+    attn = hidden * n_heads * head_dim * 2 + hidden * n_kv_heads * head_dim * 2  # q, o; k, v
+    mlp = 3 * hidden * ffn  # gate, up, down
+    norms = 2 * hidden
+    return n_layers * (attn + mlp + norms) + 2 * vocab * hidden + hidden
+
+
+LLAMA2_70B = Model(
+    name="Llama-2-70B",
+    n_layers=80,
+    hidden=8192,
+    ffn=28672,
+    n_heads=64,
+    n_kv_heads=8,
+    head_dim=128,
+    n_params=_llama_params(80, 8192, 28672, 64, 8, 128, 32000),
+    dtype_bytes=2,
+    vocab=32000,
+)
+
+#: Tokens per PagedAttention KV block (vLLM's default block size) :cite:`kwon2023vllm`.
+BLOCK_TOKENS = 16
+#: vLLM's default ``gpu_memory_utilization``: the fraction of HBM the engine may use.
+GPU_MEMORY_UTILIZATION = 0.9
+#: Per-GPU reserve for activations, CUDA graphs and NCCL buffers (bytes). An assumption: vLLM measures
+#: the peak of a profiling run instead; 2 GiB is its order of magnitude for a 70B model, 8K-token batch.
+ACTIVATION_RESERVE_BYTES = 2 * 2**30
+#: Decode batch (sequences per step) at which the per-token decode cost beta of (1) is amortised.
+DEFAULT_DECODE_BATCH = 64
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A serving group: ``tp``-way tensor parallel times ``pp``-way pipeline parallel (tau_k, p_k)."""
+
+    tp: int
+    pp: int
+
+    def __post_init__(self) -> None:
+        for field in ("tp", "pp"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one group uses, tau_k * p_k (the coefficient in (6b))."""
+        return self.tp * self.pp
+
+    @property
+    def name(self) -> str:
+        return f"TP{self.tp}-PP{self.pp}"
+
+
+#: The paper's four configurations k1..k4 on J = 8 GPUs.
+PAPER_CONFIGS: tuple[ParallelConfig, ...] = tuple(ParallelConfig(tp, pp) for tp, pp in ((2, 1), (4, 1), (2, 2), (4, 2)))
+
+
+def configs_for(gpus: int, tp_degrees: tuple[int, ...] = (1, 2, 4, 8), pp_degrees: tuple[int, ...] = (1, 2, 4, 8)) -> tuple[ParallelConfig, ...]:
+    """Every (TP, PP) with tp*pp <= ``gpus``, TP within one 8-GPU NVLink node. For "any J"."""
+    if int(gpus) != gpus or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    return tuple(ParallelConfig(t, p) for t in tp_degrees for p in pp_degrees if t * p <= gpus and t <= 8)
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes of model weights: n_params * dtype_bytes (Llama-2-70B fp16: 137.95 GB)."""
+    return model.n_params * model.dtype_bytes
+
+
+def kv_bytes_per_token(model: Model) -> int:
+    """KV-cache bytes one token occupies: 2 (K and V) * n_layers * n_kv_heads * head_dim * dtype_bytes.
+
+    Llama-2-70B (GQA, 8 KV heads of 128, fp16): 2 * 80 * 8 * 128 * 2 = 327,680 bytes = 320 KiB.
+    """
+    return 2 * model.n_layers * model.n_kv_heads * model.head_dim * model.dtype_bytes
+
+
+def _check_tp_pp(tp: int, pp: int) -> None:
+    ParallelConfig(tp, pp)  # raises ValueError naming tp or pp
+
+
+def _kv_bytes_per_token_per_gpu(model: Model, tp: int, pp: int) -> int:
+    layers = math.ceil(model.n_layers / pp)  # the fullest pipeline stage bounds the group
+    kv_heads = math.ceil(model.n_kv_heads / tp)  # KV heads are replicated once tp > n_kv_heads
+    return 2 * layers * kv_heads * model.head_dim * model.dtype_bytes
+
+
+def kv_capacity_tokens(
+    model: Model,
+    gpu: GPU,
+    tp: int,
+    pp: int,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES,
+) -> int:
+    """KV capacity M_k of one serving group, in tokens (whole 16-token blocks, a multiple of BLOCK_TOKENS).
+
+    Each of the tp*pp GPUs holds 1/(tp*pp) of the weights and, for every cached token, the K and V of
+    its layers (n_layers/pp) and its KV heads (n_kv_heads/tp). Per GPU the KV pool is
+    ``gpu_memory_utilization * hbm_bytes - weights/(tp*pp) - activation_reserve_bytes``; the group holds
+    as many tokens as the fullest GPU can, rounded down to whole blocks.
+
+    Raises ValueError for tp/pp < 1, a utilisation outside (0, 1], a negative reserve, or weights that
+    do not fit (naming ``tp``/``pp``).
+    """
+    _check_tp_pp(tp, pp)
+    if not (0 < gpu_memory_utilization <= 1):
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if not (math.isfinite(activation_reserve_bytes) and activation_reserve_bytes >= 0):
+        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
+    per_gpu_weights = math.ceil(weight_bytes(model) / (tp * pp))
+    pool = gpu_memory_utilization * gpu.hbm_bytes - per_gpu_weights - activation_reserve_bytes
+    per_token = _kv_bytes_per_token_per_gpu(model, tp, pp)
+    blocks = math.floor(pool / (per_token * BLOCK_TOKENS)) if pool > 0 else 0
+    if blocks < 1:
+        raise ValueError(
+            f"tp={tp}, pp={pp}: {model.name} weights ({per_gpu_weights / 1e9:.1f} GB per GPU) leave no room "
+            f"for a KV block in {gpu_memory_utilization:.0%} of {gpu.name} memory"
+        )
+    return blocks * BLOCK_TOKENS
+
+
+def prefill_flops_per_token(model: Model, prompt_tokens: float = 0.0) -> float:
+    """alpha of (1): mean FLOPs per token when a prompt of ``prompt_tokens`` tokens is prefilled.
+
+    ``2 * n_params`` (one multiply-add per weight per token) plus causal attention: the token at
+    position j does QK^T and AV against j keys, 4 j d FLOPs per layer (d = n_heads * head_dim); the
+    mean over j = 0..L-1 is 2 L d per layer. Llama-2-70B: 2 * 68.98e9 = 137.95 GFLOP per token, plus
+    1.3 GFLOP per token at L = 1,000 (1%).
+    """
+    if not (math.isfinite(prompt_tokens) and prompt_tokens >= 0):
+        raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
+    return 2.0 * model.n_params + 2.0 * model.n_layers * model.n_heads * model.head_dim * prompt_tokens
+
+
+# ---------------------------------------------------------------------------------------------------
+# Operator-level model (validated against Vidur's per-operator A100 measurements in chapter 4)
+# ---------------------------------------------------------------------------------------------------
+
+def linear_operators(model: Model, tp: int) -> dict[str, tuple[int, int]]:
+    """Per-GPU (k, n) of each linear operator of one layer under tp-way tensor parallelism (Megatron
+    split: column-parallel QKV and gate/up, row-parallel output and down projections).
+
+    Names follow Vidur's profile: attn_pre_proj (QKV), attn_post_proj (O), mlp_up_proj (gate+up),
+    mlp_down_proj.
+    """
+    _check_tp_pp(tp, 1)
+    qkv = (model.n_heads + 2 * model.n_kv_heads) * model.head_dim
+    return {
+        "attn_pre_proj": (model.hidden, math.ceil(qkv / tp)),
+        "attn_post_proj": (math.ceil(model.n_heads * model.head_dim / tp), model.hidden),
+        "mlp_up_proj": (model.hidden, math.ceil(2 * model.ffn / tp)),
+        "mlp_down_proj": (math.ceil(model.ffn / tp), model.hidden),
+    }
+
+
+def linear_op_time(gpu: GPU, tokens: float, k: int, n: int, dtype_bytes: int = 2) -> float:
+    """Seconds for one GEMM [tokens, k] @ [k, n] on one GPU: a roofline max of compute and memory time.
+
+    FLOPs = 2 * ceil(tokens / tile) * tile * k * n; bytes = dtype_bytes * (k*n + tokens*k + tokens*n)
+    (weights, input, output). Time = kernel_overhead + max(FLOPs / (eta_c * peak), bytes / (eta_m * BW)).
+    """
+    if not (math.isfinite(tokens) and tokens >= 0):
+        raise ValueError(f"tokens must be >= 0, got {tokens!r}")
+    if tokens == 0:
+        return 0.0
+    rows = math.ceil(tokens / gpu.gemm_tile) * gpu.gemm_tile
+    flops = 2.0 * rows * k * n
+    moved = dtype_bytes * (k * n + tokens * k + tokens * n)
+    return gpu.kernel_overhead_s + max(
+        flops / (gpu.compute_efficiency * gpu.peak_flops), moved / (gpu.hbm_efficiency * gpu.hbm_bandwidth)
+    )
+
+
+def elementwise_op_time(gpu: GPU, moved_bytes: float) -> float:
+    """Seconds for a memory-bound element-wise kernel (norm, activation, residual add, RoPE)."""
+    if not (math.isfinite(moved_bytes) and moved_bytes >= 0):
+        raise ValueError(f"moved_bytes must be >= 0, got {moved_bytes!r}")
+    if moved_bytes == 0:
+        return 0.0
+    return gpu.kernel_overhead_s + moved_bytes / (gpu.hbm_efficiency * gpu.hbm_bandwidth)
+
+
+def layer_linear_times(model: Model, gpu: GPU, tokens: float, tp: int) -> dict[str, float]:
+    """Modelled seconds of each linear operator of one layer for a batch of ``tokens`` rows at TP=tp."""
+    return {
+        op: linear_op_time(gpu, tokens, k, n, model.dtype_bytes) for op, (k, n) in linear_operators(model, tp).items()
+    }
+
+
+def allreduce_time(gpu: GPU, message_bytes: float, workers: int) -> float:
+    """Seconds of one ring all-reduce of ``message_bytes`` over ``workers`` GPUs in one NVLink node:
+    ``latency + 2 (n-1)/n * S / (eta_nv * NVLink bandwidth)``; 0 for a single worker."""
+    if isinstance(workers, bool) or int(workers) != workers or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    if not (math.isfinite(message_bytes) and message_bytes >= 0):
+        raise ValueError(f"message_bytes must be >= 0, got {message_bytes!r}")
+    if workers == 1 or message_bytes == 0:
+        return 0.0
+    n = workers
+    return gpu.allreduce_latency_s + 2.0 * (n - 1) / n * message_bytes / (gpu.nvlink_efficiency * gpu.nvlink_bandwidth)
+
+
+def _p2p_time(gpu: GPU, message_bytes: float) -> float:
+    """A pipeline-stage hand-off (send/recv of activations) over NVLink."""
+    if message_bytes == 0:
+        return 0.0
+    return gpu.allreduce_latency_s + message_bytes / (gpu.nvlink_efficiency * gpu.nvlink_bandwidth)
+
+
+def step_time(
+    model: Model,
+    gpu: GPU,
+    config: ParallelConfig,
+    prefill_tokens: int,
+    decode_seqs: int,
+    decode_context_tokens: int,
+) -> float:
+    """Seconds for one engine iteration through the whole pipeline (latency of one step).
+
+    The batch has ``prefill_tokens`` prompt tokens (one prompt) and ``decode_seqs`` sequences each
+    generating one token, whose caches hold ``decode_context_tokens`` tokens in total. Per layer:
+    the four linear operators (roofline, :func:`linear_op_time`) on ``prefill_tokens + decode_seqs``
+    rows; five element-wise kernels (2 RMSNorms, SiLU*mul, RoPE, residual add); attention -- decode
+    reads every cached K/V byte of the layer (``decode_context_tokens * kv_bytes / (n_layers * tp)``),
+    prefill does causal FLOPs 2 * L^2 * hidden / tp; two all-reduces (after attention and after the
+    MLP) for tp > 1. The pp stages run one after another for a given batch (pp - 1 hand-offs);
+    the LM head runs once per generated token.
+    """
+    for name, value in (("prefill_tokens", prefill_tokens), ("decode_seqs", decode_seqs), ("decode_context_tokens", decode_context_tokens)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if decode_context_tokens > 0 and decode_seqs == 0:
+        raise ValueError("decode_context_tokens must be 0 when decode_seqs is 0")
+    tp, pp = config.tp, config.pp
+    rows = prefill_tokens + decode_seqs
+    if rows == 0:
+        return 0.0
+    act = model.dtype_bytes * rows * model.hidden  # one activation tensor
+    per_layer = sum(layer_linear_times(model, gpu, rows, tp).values())
+    per_layer += 4 * elementwise_op_time(gpu, 2 * act)  # 2 norms, residual add, RoPE (read + write)
+    per_layer += elementwise_op_time(gpu, 3 * model.dtype_bytes * rows * model.ffn / tp)  # SiLU(gate)*up
+    kv_layer_token = kv_bytes_per_token(model) / model.n_layers / tp
+    if decode_seqs:
+        per_layer += elementwise_op_time(gpu, decode_context_tokens * kv_layer_token)
+    if prefill_tokens:
+        attn_flops = 2.0 * prefill_tokens**2 * model.n_heads * model.head_dim / tp
+        per_layer += gpu.kernel_overhead_s + max(
+            attn_flops / (gpu.compute_efficiency * gpu.peak_flops),
+            prefill_tokens * kv_layer_token / (gpu.hbm_efficiency * gpu.hbm_bandwidth),
+        )
+    per_layer += 2 * allreduce_time(gpu, act, tp)
+    out_rows = decode_seqs + (1 if prefill_tokens else 0)
+    head = linear_op_time(gpu, out_rows, model.hidden, math.ceil(model.vocab / tp), model.dtype_bytes)
+    return model.n_layers * per_layer + head + (pp - 1) * _p2p_time(gpu, act / tp)
+
+
+@dataclass(frozen=True)
+class ConfigPerformance:
+    """Per-configuration constants of the paper's model (Section III), for one serving group.
+
+    kv_capacity_tokens = M_k (tokens), kv_capacity_blocks = M_k / 16; compute_flops = C_k (effective
+    FLOP/s of all tau*p GPUs); bandwidth = B_k (effective bytes/s of all tau*p GPUs); allreduce_s =
+    t_ar (seconds per all-reduce of one decode step's activations at ``decode_batch``, 0 if tp = 1);
+    decode_batch = the decode batch size (sequences per step) at which (1) amortises weight reads.
+    """
+
+    config: ParallelConfig
+    gpus: int
+    kv_capacity_tokens: int
+    kv_capacity_blocks: int
+    compute_flops: float
+    bandwidth: float
+    allreduce_s: float
+    decode_batch: int = DEFAULT_DECODE_BATCH
+    gpu: GPU = A100_80GB
+
+
+def config_performance(
+    model: Model,
+    gpu: GPU,
+    config: ParallelConfig,
+    decode_batch: int = DEFAULT_DECODE_BATCH,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES,
+) -> ConfigPerformance:
+    """M_k, C_k, B_k and t_ar of one (TP, PP) group (inputs of (1), (6e)).
+
+    C_k = tau p * eta_c * peak and B_k = tau p * eta_m * HBM bandwidth: the group's aggregate effective
+    compute and bandwidth (a request's prefill uses one stage at a time, hence the p_k in (1)).
+    """
+    if isinstance(decode_batch, bool) or int(decode_batch) != decode_batch or decode_batch < 1:
+        raise ValueError(f"decode_batch must be an integer >= 1, got {decode_batch!r}")
+    tokens = kv_capacity_tokens(model, gpu, config.tp, config.pp, gpu_memory_utilization, activation_reserve_bytes)
+    g = config.gpus
+    return ConfigPerformance(
+        config=config,
+        gpus=g,
+        kv_capacity_tokens=tokens,
+        kv_capacity_blocks=tokens // BLOCK_TOKENS,
+        compute_flops=g * gpu.compute_efficiency * gpu.peak_flops,
+        bandwidth=g * gpu.hbm_efficiency * gpu.hbm_bandwidth,
+        allreduce_s=allreduce_time(gpu, decode_batch * model.hidden * model.dtype_bytes, config.tp),
+        decode_batch=int(decode_batch),
+        gpu=gpu,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Calibration against measurement (Vidur's A100 profiles, :cite:`agrawal2024vidur`)
+# ---------------------------------------------------------------------------------------------------
+
+#: Operators of Vidur's per-layer profile that are GEMMs (the rest are element-wise kernels).
+VIDUR_LINEAR_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+#: Token counts at or below which a GEMM is memory-bound, at or above which compute-bound (A100, fp16).
+MEMORY_BOUND_MAX_TOKENS = 64
+COMPUTE_BOUND_MIN_TOKENS = 2048
+
+
+def _read_csv_columns(path: str | os.PathLike[str], columns: list[str]) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ValueError(f"{path}: cannot read as CSV ({exc})") from None
+    for column in columns:
+        if column not in frame.columns:
+            raise ValueError(f"{path}: missing column {column!r}")
+        if not pd.api.types.is_numeric_dtype(frame[column]):
+            raise ValueError(f"{path}: column {column!r} must be numeric")
+        values = frame[column].to_numpy(dtype=float)
+        if not (np.all(np.isfinite(values)) and np.all(values > 0)):
+            raise ValueError(f"{path}: column {column!r} must hold positive finite numbers")
+    return frame
+
+
+def read_vidur_linear(path: str | os.PathLike[str], statistic: str = "median") -> pd.DataFrame:
+    """Vidur's per-layer operator profile (``mlp.csv``) as a tidy frame, one row per measurement:
+    ``tp`` (TP degree), ``tokens`` (rows in the batch), ``operator`` (e.g. ``mlp_up_proj``) and
+    ``measured_s`` (seconds; Vidur stores ms). ValueError names the file and column if malformed."""
+    if statistic not in {"min", "max", "mean", "median"}:
+        raise ValueError(f"statistic must be one of min/max/mean/median, got {statistic!r}")
+    ops = VIDUR_LINEAR_OPS + ("input_layernorm", "attn_rope", "mlp_act", "add")
+    time_cols = [f"time_stats.{op}.{statistic}" for op in ops]
+    frame = _read_csv_columns(path, ["num_tokens", "num_tensor_parallel_workers", *time_cols])
+    long = frame.melt(
+        id_vars=["num_tensor_parallel_workers", "num_tokens"], value_vars=time_cols, var_name="operator", value_name="measured_ms"
+    )
+    return pd.DataFrame(
+        {
+            "tp": long["num_tensor_parallel_workers"].astype("int64"),
+            "tokens": long["num_tokens"].astype("int64"),
+            "operator": long["operator"].str.split(".").str[1].astype(str),
+            "measured_s": long["measured_ms"].astype(float) * 1e-3,
+        }
+    )
+
+
+def read_vidur_allreduce(path: str | os.PathLike[str], statistic: str = "median") -> pd.DataFrame:
+    """Vidur's all-reduce profile as a tidy frame of *single-node* runs (all workers on one NVLink
+    node): ``workers``, ``size_bytes``, ``measured_s``. ValueError names the file and column."""
+    if statistic not in {"min", "max", "mean", "median"}:
+        raise ValueError(f"statistic must be one of min/max/mean/median, got {statistic!r}")
+    col = f"time_stats.all_reduce.{statistic}"
+    frame = _read_csv_columns(path, ["num_workers", "size", "devices_per_node", col])
+    one_node = frame[frame["devices_per_node"] == frame["num_workers"]]
+    if one_node.empty:
+        raise ValueError(f"{path}: no single-node rows (devices_per_node == num_workers)")
+    return pd.DataFrame(
+        {
+            "workers": one_node["num_workers"].astype("int64").to_numpy(),
+            "size_bytes": one_node["size"].astype("int64").to_numpy(),
+            "measured_s": one_node[col].astype(float).to_numpy() * 1e-3,
+        }
+    )
+
+
+def _gemm_features(model: Model, tp: np.ndarray, tokens: np.ndarray, operator: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row (FLOPs per token row, bytes moved) of each GEMM in a tidy frame."""
+    flops_per_row = np.empty(len(tp))
+    moved = np.empty(len(tp))
+    for i, (t, m, op) in enumerate(zip(tp, tokens, operator, strict=True)):
+        k, n = linear_operators(model, int(t))[op]
+        flops_per_row[i] = 2.0 * k * n
+        moved[i] = model.dtype_bytes * (k * n + m * k + m * n)
+    return flops_per_row, moved
+
+
+def predict_linear(model: Model, gpu: GPU, measurements: pd.DataFrame) -> np.ndarray:
+    """Modelled seconds (:func:`linear_op_time`) for every GEMM row (tp, tokens, operator) of a tidy frame."""
+    return np.array(
+        [
+            linear_op_time(gpu, m, *linear_operators(model, int(t))[op], model.dtype_bytes)
+            for t, m, op in zip(measurements["tp"], measurements["tokens"], measurements["operator"], strict=True)
+        ]
+    )
+
+
+def predict_allreduce(gpu: GPU, measurements: pd.DataFrame) -> np.ndarray:
+    """Modelled seconds (:func:`allreduce_time`) for every (workers, size_bytes) row of a tidy frame."""
+    return np.array(
+        [allreduce_time(gpu, s, int(w)) for w, s in zip(measurements["workers"], measurements["size_bytes"], strict=True)]
+    )
+
+
+def calibrate(
+    model: Model,
+    gpu: GPU,
+    linear: pd.DataFrame,
+    allreduce: pd.DataFrame,
+    train_tp: tuple[int, ...] = (1, 2),
+    train_workers: tuple[int, ...] = (2, 4),
+) -> GPU:
+    """Fit the achieved-efficiency constants of ``gpu`` to measurements, each where it is identifiable.
+
+    * memory-bound GEMMs (tokens <= 64): least squares ``t = t0 + bytes / (eta_m * BW)`` gives the
+      kernel overhead t0 and eta_m;
+    * compute-bound GEMMs (tokens >= 2048): eta_c = median of FLOPs / ((t - t0) * peak);
+    * all-reduce: least squares ``t = lat + 2 (n-1)/n * S / (eta_nv * NVLink)`` gives lat and eta_nv.
+
+    Only rows with TP in ``train_tp`` / workers in ``train_workers`` are used, so the other TP degrees
+    and worker counts are held out for validation. The GEMM tile (``gpu.gemm_tile``) is kept.
+    """
+    lin = linear[linear["operator"].isin(VIDUR_LINEAR_OPS) & linear["tp"].isin(train_tp)]
+    if lin.empty:
+        raise ValueError(f"linear: no GEMM rows with tp in {train_tp}")
+    flops_per_row, moved = _gemm_features(model, lin["tp"].to_numpy(), lin["tokens"].to_numpy(), lin["operator"].to_numpy())
+    measured = lin["measured_s"].to_numpy()
+    tokens = lin["tokens"].to_numpy()
+    mem = tokens <= MEMORY_BOUND_MAX_TOKENS
+    cmp_ = tokens >= COMPUTE_BOUND_MIN_TOKENS
+    if mem.sum() < 2 or cmp_.sum() < 1:
+        raise ValueError("linear: need memory-bound (tokens <= 64) and compute-bound (tokens >= 2048) rows")
+    (t0, slope), *_ = np.linalg.lstsq(np.c_[np.ones(mem.sum()), moved[mem]], measured[mem], rcond=None)
+    t0 = max(float(t0), 0.0)
+    eta_m = 1.0 / (slope * gpu.hbm_bandwidth)
+    rows = np.ceil(tokens[cmp_] / gpu.gemm_tile) * gpu.gemm_tile  # as linear_op_time counts them
+    eta_c = float(np.median(flops_per_row[cmp_] * rows / (measured[cmp_] - t0))) / gpu.peak_flops
+
+    ar = allreduce[allreduce["workers"].isin(train_workers)]
+    if len(ar) < 2:
+        raise ValueError(f"allreduce: need rows with workers in {train_workers}")
+    n = ar["workers"].to_numpy(dtype=float)
+    x = 2.0 * (n - 1) / n * ar["size_bytes"].to_numpy(dtype=float)
+    (lat, ar_slope), *_ = np.linalg.lstsq(np.c_[np.ones(len(ar)), x], ar["measured_s"].to_numpy(), rcond=None)
+    eta_nv = 1.0 / (ar_slope * gpu.nvlink_bandwidth)
+    return replace(
+        gpu,
+        hbm_efficiency=float(min(eta_m, 1.0)),
+        compute_efficiency=float(min(eta_c, 1.0)),
+        kernel_overhead_s=t0,
+        nvlink_efficiency=float(min(eta_nv, 1.0)),
+        allreduce_latency_s=max(float(lat), 0.0),
+    )
