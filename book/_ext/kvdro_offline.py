@@ -71,7 +71,8 @@ def _use_local_mathjax(app: Sphinx, config) -> None:
     config.mathjax2_config = {
         "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]],
                     "processEscapes": True, "processClass": "math|output_area", "ignoreClass": "document"},
-        "HTML-CSS": {"availableFonts": ["TeX"], "imageFont": None},
+        # The wheel ships the STIX-Web web fonts only (as Jupyter's classic notebook used them).
+        "HTML-CSS": {"availableFonts": [], "preferredFont": None, "webFont": "STIX-Web", "imageFont": None},
         "messageStyle": "none",
     }
 
