@@ -1,0 +1,377 @@
+"""Problem data of the joint problem (6)/(8): :class:`Instance`, :class:`Solution`, candidate buffers.
+
+An :class:`Instance` is everything the operator knows before deciding (z, r, pi, delta): the request
+classes (:class:`kvdro.workload.RequestClass`: rate lambda_i [req/s], input length L_in^i [tokens],
+shared prefix L_pre^i [tokens], SLO D_i [s], support bound L_max^i [tokens], N output-length samples),
+the candidate serving configurations (:class:`kvdro.hardware.ConfigPerformance`: GPUs tau_k p_k,
+KV capacity M_k [tokens], C_k, B_k), the GPU budget J, the costs and the Wasserstein radii.
+
+Units and cost convention (the paper leaves them implicit; this is our reading, stated in chapter 5).
+The objective (8a) is a cost **per second of operation**:
+
+* ``c_w`` -- per token reserved but not used, per admitted request (3); ``c_p`` -- per token short,
+  per admitted request (2). Multiplied by lambda_i [req/s] this is a cost per second.
+* ``c_slo`` -- per second of expected lateness s_i (6f), per request.
+* ``c_rej`` -- per rejected request (lambda_i pi_i0 rejected requests per second).
+* ``c_gpu`` -- per GPU per second that a serving group occupies a GPU. The paper gives no value;
+  :data:`DEFAULT_C_GPU` is our choice (see its comment).
+
+Reservations are **block granular** (PagedAttention allocates whole 16-token blocks): the output
+buffer eta_i = r_i - L_in^i is one of ``0, 16, 32, ..., 16*ceil(L_max^i/16)`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from kvdro.hardware import BLOCK_TOKENS, LLAMA2_70B, ConfigPerformance, Model
+from kvdro.workload import RequestClass
+
+__all__ = [
+    "DEFAULT_C_GPU",
+    "PAPER_COSTS",
+    "Instance",
+    "Solution",
+    "candidate_buffers",
+]
+
+#: The paper's cost ratios with c_w = 1 (cost units per token wasted per request):
+#: c_p/c_w = 10, c_slo/c_w = 5, c_rej/c_w = 5000, kappa = 0.2 (Sec. VI).
+PAPER_COSTS = {"c_p": 10.0, "c_w": 1.0, "c_slo": 5.0, "c_rej": 5000.0, "kappa": 0.2}
+
+#: GPU cost [cost units per GPU per second] -- our choice, not the paper's. One GPU-second is priced
+#: like the waste of 100 reserved-but-unused tokens per request at one request per second
+#: (c_w = 1): an idle A100 then costs as much as serving a few requests per second wastefully, so the
+#: GPU term matters (the solver will not deploy groups it does not need) but never outweighs
+#: rejecting traffic (c_rej = 5000 per request).
+DEFAULT_C_GPU = 100.0
+
+
+def _finite(value: float, name: str, *, positive: bool = False) -> float:
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ValueError(f"{name}: must be a finite {'positive' if positive else 'non-negative'} number, got {value!r}")
+    return v
+
+
+def candidate_buffers(max_output_tokens: int, block_tokens: int = BLOCK_TOKENS) -> np.ndarray:
+    """Block-granular output buffers eta = 16 c for c = 0, ..., ceil(L_max / 16) [tokens].
+
+    The last candidate is the first multiple of the block size >= L_max: it never preempts.
+    """
+    if isinstance(max_output_tokens, bool) or int(max_output_tokens) != max_output_tokens or max_output_tokens < 0:
+        raise ValueError(f"max_output_tokens: must be a non-negative integer, got {max_output_tokens!r}")
+    if isinstance(block_tokens, bool) or int(block_tokens) != block_tokens or block_tokens < 1:
+        raise ValueError(f"block_tokens: must be a positive integer, got {block_tokens!r}")
+    n = math.ceil(int(max_output_tokens) / int(block_tokens))
+    return (np.arange(n + 1) * int(block_tokens)).astype(float)
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """One instance of the joint problem (6)/(8).
+
+    Attributes:
+        classes: request classes i (lambda_i [req/s], L_in^i = mean input [tokens], L_pre^i [tokens],
+            D_i [s], L_max^i [tokens], output samples xi_i^(n) [tokens], inter-arrival CV).
+        configs: candidate configurations k (tau_k p_k GPUs, M_k [tokens], C_k, B_k, t_ar).
+        total_gpus: J, the GPU budget of (6b).
+        c_p, c_w, c_gpu, c_slo, c_rej: costs (module docstring for units).
+        kappa: memory headroom kappa of (6e) (fraction).
+        eps: Wasserstein radius eps_i per class [tokens] (5); ``None`` -> the paper's 0.15 E[xi_i];
+            a single number applies to every class.
+        u_max: utilisation cap per serving group (< 1 keeps the waiting time (7) finite).
+        waiting_bands: B, number of utilisation bands of the waiting-time model
+            (:func:`kvdro.joint.serving.band_edges`, :func:`kvdro.joint.serving.waiting_model`).
+        model: the served model (for the service time (1)).
+        name: a label.
+    """
+
+    classes: tuple[RequestClass, ...]
+    configs: tuple[ConfigPerformance, ...]
+    total_gpus: int
+    c_p: float = PAPER_COSTS["c_p"]
+    c_w: float = PAPER_COSTS["c_w"]
+    c_gpu: float = DEFAULT_C_GPU
+    c_slo: float = PAPER_COSTS["c_slo"]
+    c_rej: float = PAPER_COSTS["c_rej"]
+    kappa: float = PAPER_COSTS["kappa"]
+    eps: tuple[float, ...] | float | None = None
+    u_max: float = 0.9
+    model: Model = LLAMA2_70B
+    name: str = ""
+    block_tokens: int = field(default=BLOCK_TOKENS)
+    waiting_bands: int = 10
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        classes = tuple(self.classes) if isinstance(self.classes, Sequence) else self.classes
+        if not isinstance(classes, tuple) or len(classes) == 0:
+            raise ValueError("classes: need at least one request class")
+        for i, c in enumerate(classes):
+            if not isinstance(c, RequestClass):
+                raise ValueError(f"classes[{i}]: must be a kvdro.workload.RequestClass, got {type(c).__name__}")
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: class names must be distinct, got {names}")
+        set_(self, "classes", classes)
+        configs = tuple(self.configs) if isinstance(self.configs, Sequence) else self.configs
+        if not isinstance(configs, tuple) or len(configs) == 0:
+            raise ValueError("configs: need at least one serving configuration")
+        for k, cfg in enumerate(configs):
+            if not isinstance(cfg, ConfigPerformance):
+                raise ValueError(f"configs[{k}]: must be a kvdro.hardware.ConfigPerformance, got {type(cfg).__name__}")
+            if cfg.gpus < 1 or cfg.kv_capacity_tokens <= 0:
+                raise ValueError(f"configs[{k}]: needs gpus >= 1 and a positive KV capacity")
+        set_(self, "configs", configs)
+        j = self.total_gpus
+        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or j < 1:
+            raise ValueError(f"total_gpus: must be a positive integer (J), got {j!r}")
+        smallest = min(cfg.gpus for cfg in configs)
+        if j < smallest:
+            raise ValueError(
+                f"total_gpus: J={j} is smaller than every configuration's GPU count (smallest {smallest}); "
+                "no serving group can be deployed"
+            )
+        set_(self, "total_gpus", int(j))
+        for name in ("c_p", "c_w"):
+            set_(self, name, _finite(getattr(self, name), name, positive=True))
+        for name in ("c_gpu", "c_slo", "c_rej", "kappa"):
+            set_(self, name, _finite(getattr(self, name), name))
+        u = float(self.u_max)
+        if not (0 < u < 1):
+            raise ValueError(f"u_max: must be in (0, 1), got {self.u_max!r}")
+        set_(self, "u_max", u)
+        if self.eps is None:
+            eps = tuple(0.15 * c.mean_output_tokens for c in classes)
+        elif np.ndim(self.eps) == 0:
+            eps = (float(self.eps),) * len(classes)
+        else:
+            eps = tuple(float(e) for e in self.eps)
+            if len(eps) != len(classes):
+                raise ValueError(f"eps: need one radius per class ({len(classes)}), got {len(eps)}")
+        for i, e in enumerate(eps):
+            if not math.isfinite(e) or e < 0:
+                raise ValueError(f"eps: radius of class {classes[i].name!r} must be finite and >= 0, got {e!r}")
+        set_(self, "eps", eps)
+        if isinstance(self.block_tokens, bool) or int(self.block_tokens) != self.block_tokens or self.block_tokens < 1:
+            raise ValueError(f"block_tokens: must be a positive integer, got {self.block_tokens!r}")
+        B = self.waiting_bands
+        if isinstance(B, bool) or not isinstance(B, (int, np.integer)) or B < 1:
+            raise ValueError(f"waiting_bands: must be a positive integer, got {B!r}")
+        if not isinstance(self.model, Model):
+            raise ValueError("model: must be a kvdro.hardware.Model")
+
+    # -- sizes and per-class vectors ------------------------------------------------------------
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def n_configs(self) -> int:
+        return len(self.configs)
+
+    @cached_property
+    def rates(self) -> np.ndarray:
+        """lambda_i [requests/s]."""
+        return np.array([c.arrival_rate for c in self.classes])
+
+    @cached_property
+    def input_tokens(self) -> np.ndarray:
+        """L_in^i [tokens] (mean prompt length of the class)."""
+        return np.array([c.mean_input_tokens for c in self.classes])
+
+    @cached_property
+    def prefix_tokens(self) -> np.ndarray:
+        """L_pre^i [tokens]."""
+        return np.array([float(c.prefix_tokens) for c in self.classes])
+
+    @cached_property
+    def slo_s(self) -> np.ndarray:
+        """D_i [s]."""
+        return np.array([float(c.slo_s) for c in self.classes])
+
+    @cached_property
+    def max_output_tokens(self) -> np.ndarray:
+        """L_max^i [tokens]."""
+        return np.array([int(c.max_output_tokens) for c in self.classes])
+
+    @cached_property
+    def gpus(self) -> np.ndarray:
+        """tau_k p_k, GPUs per group of configuration k."""
+        return np.array([cfg.gpus for cfg in self.configs], dtype=int)
+
+    @cached_property
+    def capacity_tokens(self) -> np.ndarray:
+        """M_k [tokens], KV capacity of one group."""
+        return np.array([cfg.kv_capacity_tokens for cfg in self.configs], dtype=float)
+
+    @cached_property
+    def max_groups(self) -> np.ndarray:
+        """Upper bound of z_k implied by (6b): floor(J / (tau_k p_k))."""
+        return self.total_gpus // self.gpus
+
+    # -- derived tables -------------------------------------------------------------------------
+
+    @cached_property
+    def service_s(self) -> np.ndarray:
+        """Work T_ik of (1) [s of group time], shape (I, K, 2): ``[..., 0]`` without, ``[..., 1]`` with
+        the cached prefix. Sets the utilisation and the queue's service time in (7)."""
+        from kvdro.joint.serving import service_table
+
+        return service_table(self)
+
+    @cached_property
+    def residence_s(self) -> np.ndarray:
+        """Residence time H_ik [s] (KV blocks held; Little's law in (6e), latency in (6f)), shape (I, K, 2)."""
+        from kvdro.joint.serving import residence_table
+
+        return residence_table(self)
+
+    @cached_property
+    def service_variance_s2(self) -> np.ndarray:
+        """Within-class variance of the work T_ik [s^2], shape (I, K) (an input of (7))."""
+        from kvdro.joint.serving import service_variance_table
+
+        return service_variance_table(self)
+
+    @cached_property
+    def mix_waiting_coefficients(self) -> np.ndarray:
+        """(c_a^2 + c_s^2)/2 * Tbar_k [s] of the whole workload mix: W_k = coef_k u/(1-u) (7)."""
+        from kvdro.joint.serving import mix_waiting_coefficients
+
+        return mix_waiting_coefficients(self)
+
+    @cached_property
+    def candidates(self) -> tuple[np.ndarray, ...]:
+        """Per class, the block-granular buffers eta_ic [tokens] (see :func:`candidate_buffers`)."""
+        return tuple(candidate_buffers(int(c.max_output_tokens), self.block_tokens) for c in self.classes)
+
+    @cached_property
+    def candidate_costs(self) -> tuple[np.ndarray, ...]:
+        """Per class, R_ic = sup_{P in ball (5)} E_P[c_p (xi - eta)^+ + c_w (eta - xi)^+] at each
+        candidate buffer [cost per admitted request]: the value of (8c)-(8g) minimised over
+        (gamma_i, theta_i) for the fixed r_i = L_in^i + eta_ic, by the closed form."""
+        from kvdro.wasserstein import worst_case_cost_many
+
+        return tuple(
+            np.asarray(
+                worst_case_cost_many(
+                    c.output_tokens, etas, self.c_p, self.c_w, self.eps[i], int(c.max_output_tokens)
+                ),
+                dtype=float,
+            )
+            for i, (c, etas) in enumerate(zip(self.classes, self.candidates))
+        )
+
+    def worst_case_cost(self, i: int, eta: float) -> float:
+        """R_i(eta): the class-i worst-case expected preemption + waste cost of buffer ``eta`` [tokens]."""
+        from kvdro.wasserstein import worst_case_cost
+
+        c = self.classes[i]
+        return float(worst_case_cost(c.output_tokens, float(eta), self.c_p, self.c_w, self.eps[i], int(c.max_output_tokens)))
+
+    def describe(self) -> str:
+        """A short human-readable summary."""
+        return (
+            f"Instance {self.name or '(unnamed)'}: {self.n_classes} classes, {self.n_configs} configs "
+            f"({', '.join(cfg.config.name for cfg in self.configs)}), J={self.total_gpus}, "
+            f"total rate {self.rates.sum():.3g} req/s"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Solution:
+    """A decision (z, r, pi, delta) of (6) and how it was found.
+
+    Attributes:
+        z: groups per configuration z_k (int, shape (K,)).
+        r: reservations r_i = L_in^i + eta_i [tokens] (shape (I,)).
+        pi: routing fractions pi_ik (shape (I, K)); the rejected fraction is pi_i0 = 1 - sum_k pi_ik.
+        delta: prefix-caching decisions delta_ik (bool, shape (I, K)).
+        objective: the solver's objective value (8a) [cost per second] (``nan`` if not from a solver).
+        status: solver status (``"optimal"`` for a proven optimum).
+        solve_time_s: wall time of the solve [s].
+        mip_gap: relative MIP gap reported by the solver at termination (0 for proven optimal).
+        lower_bound: the solver's proven lower bound on the optimum [cost per second].
+        waiting_s: the waiting times W_k [s] of the model at this decision, shape (K,).
+        method: the method / formulation name.
+    """
+
+    z: np.ndarray
+    r: np.ndarray
+    pi: np.ndarray
+    delta: np.ndarray
+    objective: float = float("nan")
+    status: str = "unknown"
+    solve_time_s: float = 0.0
+    mip_gap: float = float("nan")
+    lower_bound: float = float("nan")
+    waiting_s: np.ndarray | None = None
+    method: str = ""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        z = np.asarray(self.z)
+        if z.ndim != 1 or not np.all(np.isfinite(z)) or np.any(z != np.round(z)):
+            raise ValueError("z: must be a 1-D array of integers (groups per configuration)")
+        set_(self, "z", np.round(z).astype(int))
+        r = np.asarray(self.r, dtype=float)
+        if r.ndim != 1 or not np.all(np.isfinite(r)):
+            raise ValueError("r: must be a 1-D array of finite reservations [tokens]")
+        set_(self, "r", r)
+        pi = np.asarray(self.pi, dtype=float)
+        if pi.shape != (r.size, z.size) or not np.all(np.isfinite(pi)):
+            raise ValueError(f"pi: must be a finite array of shape (I, K) = ({r.size}, {z.size})")
+        set_(self, "pi", pi)
+        d = np.asarray(self.delta)
+        if d.shape != pi.shape or not np.all(np.isin(d, (0, 1))):
+            raise ValueError(f"delta: must be a 0/1 array of shape {pi.shape}")
+        set_(self, "delta", d.astype(bool))
+        if self.waiting_s is not None:
+            set_(self, "waiting_s", np.asarray(self.waiting_s, dtype=float))
+        for a in ("z", "r", "pi", "delta"):
+            getattr(self, a).setflags(write=False)
+
+    @property
+    def admitted(self) -> np.ndarray:
+        """a_i = sum_k pi_ik, the admitted fraction of class i."""
+        return self.pi.sum(axis=1)
+
+    @property
+    def rejected(self) -> np.ndarray:
+        """pi_i0 = 1 - a_i, the rejected fraction of class i (6d)."""
+        return 1.0 - self.admitted
+
+    def to_dict(self, instance: Instance | None = None) -> dict:
+        """A JSON-serialisable dict (names from ``instance`` when given)."""
+        out: dict = {
+            "method": self.method,
+            "status": self.status,
+            "objective": _num(self.objective),
+            "lower_bound": _num(self.lower_bound),
+            "mip_gap": _num(self.mip_gap),
+            "solve_time_s": float(self.solve_time_s),
+            "z": [int(v) for v in self.z],
+            "r": [float(v) for v in self.r],
+            "pi": [[float(v) for v in row] for row in self.pi],
+            "delta": [[bool(v) for v in row] for row in self.delta],
+            "rejected": [float(v) for v in self.rejected],
+            "waiting_s": None if self.waiting_s is None else [_num(v) for v in self.waiting_s],
+        }
+        if instance is not None:
+            out["classes"] = [c.name for c in instance.classes]
+            out["configs"] = [cfg.config.name for cfg in instance.configs]
+            out["buffer_tokens"] = [float(v) for v in self.r - instance.input_tokens]
+        return out
+
+
+def _num(v: float) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None

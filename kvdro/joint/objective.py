@@ -1,0 +1,150 @@
+"""Score a decision: the objective (8a) term by term, and every constraint violation of (6b)-(6f).
+
+:func:`evaluate` is the one function every solver and chapter uses to score a solution. It recomputes
+everything from (z, r, pi, delta) alone:
+
+* the worst-case expected preemption + waste cost per admitted request at the *given* r_i, by the
+  closed form of (8c)-(8g) (:func:`kvdro.wasserstein.worst_case_cost`);
+* the waiting times W_k from the decision itself (Kingman (7), :func:`kvdro.joint.serving.group_state`),
+  the SLO excess s_i = max(0, sum_k pi_ik (W_k + H_ik) - a_i D_i) (6f);
+* GPU and rejection costs.
+
+All costs are per second of operation (see :mod:`kvdro.joint.instance`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvdro.joint.instance import Instance, Solution
+from kvdro.joint.serving import group_state
+
+__all__ = ["Evaluation", "evaluate", "TERMS"]
+
+#: Names of the objective's terms, in the order of (8a).
+TERMS = ("preempt_waste", "gpu", "slo", "rejection")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The objective (8a) of a decision, term by term, with the state that produced it.
+
+    Attributes:
+        terms: cost per second of each term of :data:`TERMS`.
+        total: their sum [cost / s] (``inf`` if some group is overloaded, u_k >= 1).
+        class_worst_case: R_i(r_i), worst-case cost per admitted class-i request.
+        slo_excess_s: s_i [s] (6f).
+        waiting_s: W_k [s] of the model (:func:`kvdro.joint.serving.waiting_model`);
+            waiting_mix_s: diagnostic Kingman W with each group's own class mix [s]; utilisation: u_k; memory_tokens: KV tokens one group of k needs
+            (left side of (6e) divided by z_k) [tokens]; memory_fraction: that over M_k.
+        violations: name -> amount (0 = satisfied); see :func:`evaluate`.
+    """
+
+    terms: dict[str, float]
+    total: float
+    class_worst_case: np.ndarray
+    slo_excess_s: np.ndarray
+    waiting_s: np.ndarray
+    waiting_mix_s: np.ndarray
+    utilisation: np.ndarray
+    memory_tokens: np.ndarray
+    memory_fraction: np.ndarray
+    violations: dict[str, float]
+
+    @property
+    def feasible(self) -> bool:
+        """True if every violation is within 1e-6 (relative to its scale)."""
+        return all(v <= 1e-6 for v in self.violations.values())
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable summary."""
+
+        def num(v: float) -> float | None:
+            return float(v) if np.isfinite(v) else None
+
+        return {
+            "total": num(self.total),
+            "terms": {k: num(v) for k, v in self.terms.items()},
+            "class_worst_case": [num(v) for v in self.class_worst_case],
+            "slo_excess_s": [num(v) for v in self.slo_excess_s],
+            "waiting_s": [num(v) for v in self.waiting_s],
+            "waiting_mix_s": [num(v) for v in self.waiting_mix_s],
+            "utilisation": [num(v) for v in self.utilisation],
+            "memory_fraction": [num(v) for v in self.memory_fraction],
+            "violations": {k: num(v) for k, v in self.violations.items()},
+            "feasible": self.feasible,
+        }
+
+
+def evaluate(instance: Instance, solution: Solution) -> Evaluation:
+    """The objective (8a) and constraint violations of ``solution`` on ``instance``.
+
+    Violations (all >= 0; 0 means satisfied):
+
+    * ``gpu_budget`` -- GPUs over J (6b);
+    * ``routing_undeployed`` -- traffic routed to a configuration with z_k = 0 (6c);
+    * ``routing_sum`` -- amount by which sum_k pi_ik exceeds 1, or pi < 0 (6d);
+    * ``memory`` -- largest excess of one group's KV demand over M_k, as a fraction of M_k (6e);
+    * ``utilisation`` -- largest u_k - u_max;
+    * ``reservation`` -- tokens by which some r_i falls outside [L_in^i, L_in^i + 16 ceil(L_max^i/16)].
+
+    Raises:
+        ValueError: if the solution's shapes do not match the instance.
+    """
+    I, K = instance.n_classes, instance.n_configs
+    if solution.z.shape != (K,) or solution.r.shape != (I,):
+        raise ValueError(f"solution: shapes z {solution.z.shape}, r {solution.r.shape} do not match K={K}, I={I}")
+    z, r, pi, d = solution.z, solution.r, solution.pi, solution.delta
+    lam = instance.rates
+    L_in, L_pre, D = instance.input_tokens, instance.prefix_tokens, instance.slo_s
+    eta = r - L_in
+    top = np.array([c[-1] for c in instance.candidates])
+    Rw = np.array([instance.worst_case_cost(i, min(max(eta[i], 0.0), top[i])) for i in range(I)])
+    a = pi.sum(axis=1)
+    state = group_state(instance, z, pi, d)
+    H = np.where(d, instance.residence_s[:, :, 1], instance.residence_s[:, :, 0])
+    with np.errstate(invalid="ignore"):
+        resp = np.where(pi > 0, pi * (state.waiting_s[None, :] + H), 0.0).sum(axis=1)
+    s = np.maximum(0.0, resp - a * D)
+    terms = {
+        "preempt_waste": float(lam @ (a * Rw)),
+        "gpu": float(instance.c_gpu * (instance.gpus @ z)),
+        "slo": float(instance.c_slo * (lam @ s)) if instance.c_slo > 0 else 0.0,  # no 0 * inf
+        "rejection": float(instance.c_rej * (lam @ np.clip(1.0 - a, 0.0, None))),
+    }
+    total = float(sum(terms.values()))
+
+    # memory per group (6e): (1+kappa) sum_i lambda_i pi_ik H_ik (r_i - delta L_pre) / z_k + sum_i delta L_pre
+    mem = np.zeros(K)
+    for k in range(K):
+        if z[k] > 0:
+            mem[k] = (1 + instance.kappa) * float(lam @ (pi[:, k] * H[:, k] * (r - d[:, k] * L_pre))) / z[k]
+            mem[k] += float(d[:, k] @ L_pre)
+        else:
+            mem[k] = float((1 + instance.kappa) * lam @ (pi[:, k] * H[:, k] * r))  # nowhere to put it
+    M = instance.capacity_tokens
+    frac = mem / M
+    undeployed = z == 0
+    violations = {
+        "gpu_budget": float(max(0, instance.gpus @ z - instance.total_gpus)),
+        "routing_undeployed": float(pi[:, undeployed].sum()) if undeployed.any() else 0.0,
+        "routing_sum": float(max(0.0, np.max(a - 1.0), -np.min(pi))),
+        "memory": float(max(0.0, np.max(np.where(undeployed, np.where(mem > 0, np.inf, 0.0), frac - 1.0)))),
+        "utilisation": float(max(0.0, np.max(state.utilisation - instance.u_max))),
+        "reservation": float(max(0.0, np.max(-eta), np.max(eta - top))),
+        "negative_groups": float(max(0, -np.min(z))),
+    }
+    return Evaluation(
+        terms=terms,
+        total=total,
+        class_worst_case=Rw,
+        slo_excess_s=s,
+        waiting_s=state.waiting_s,
+        waiting_mix_s=state.waiting_mix_s,
+        utilisation=state.utilisation,
+        memory_tokens=mem,
+        memory_fraction=frac,
+        violations=violations,
+    )

@@ -1,0 +1,40 @@
+"""The command line: ``python -m kvdro solve ... --json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvdro.__main__ import main
+
+
+def test_cli_solve_json(data_dir):
+    env_dir = str(data_dir)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvdro", "solve", "--instance", "small", "--method", "exact", "--seed", "0", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KVDRO_DATA_DIR": env_dir},
+        timeout=300,
+        check=True,
+    )
+    payload = json.loads(out.stdout)  # stdout is pure JSON (HiGHS's banner goes to stderr)
+    sol, cost = payload["solution"], payload["cost"]
+    assert sol["status"] == "optimal"
+    assert len(sol["z"]) == 4 and len(sol["r"]) == 6
+    assert set(cost["terms"]) == {"preempt_waste", "gpu", "slo", "rejection"}
+    assert cost["total"] == pytest.approx(sum(cost["terms"].values()))
+    assert cost["total"] == pytest.approx(sol["objective"], rel=1e-6)
+    assert cost["feasible"] is True
+
+
+def test_cli_bad_usage_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["solve", "--method", "simplex"])
+    assert info.value.code == 2
+    assert main(["solve", "--seed", "-1"]) == 2
+    assert "seed" in capsys.readouterr().err
