@@ -185,6 +185,19 @@ class DualProblem(NamedTuple):
     eps: cp.Parameter
 
 
+def dual_constraints(values, eta, gamma, theta, c_p: float, c_w: float, L_max: float) -> list:
+    """The constraints (8c)-(8f) for samples ``values`` and buffer ``eta`` (a number, Parameter or
+    Variable): ``theta_n`` bounds the loss at the sample itself (8c)-(8d) and after moving its mass to
+    ``L_max`` (8e) or to 0 (8f), each move charged ``gamma`` per token. (8g) is in the variables' signs.
+    """
+    return [
+        theta >= c_p * (values - eta),                              # (8c)
+        theta >= c_w * (eta - values),                              # (8d)
+        theta >= c_p * (L_max - eta) - gamma * (L_max - values),    # (8e)
+        theta >= c_w * eta - gamma * values,                        # (8f)
+    ]
+
+
 def dual_problem(
     samples: ArrayLike, eta: float, c_p: float, c_w: float, eps: float, L_max: float
 ) -> DualProblem:
@@ -206,12 +219,7 @@ def dual_problem(
     eps_p = cp.Parameter(name="eps", nonneg=True, value=e)
     gamma = cp.Variable(name="gamma", nonneg=True)
     theta = cp.Variable(values.size, name="theta", nonneg=True)
-    constraints = [
-        theta >= c_p * (values - eta_p),
-        theta >= c_w * (eta_p - values),
-        theta >= c_p * (L - eta_p) - gamma * (L - values),
-        theta >= c_w * eta_p - gamma * values,
-    ]
+    constraints = dual_constraints(values, eta_p, gamma, theta, c_p, c_w, L)
     problem = cp.Problem(cp.Minimize(gamma * eps_p + weights @ theta), constraints)
     return DualProblem(problem, gamma, theta, eta_p, eps_p)
 
@@ -280,11 +288,7 @@ def dro_problem(samples: ArrayLike, c_p: float, c_w: float, eps: float, L_max: f
     eta = cp.Variable(name="eta")
     gamma = cp.Variable(name="gamma", nonneg=True)
     theta = cp.Variable(values.size, name="theta", nonneg=True)
-    constraints = [
-        theta >= c_p * (values - eta),
-        theta >= c_w * (eta - values),
-        theta >= c_p * (L - eta) - gamma * (L - values),
-        theta >= c_w * eta - gamma * values,
+    constraints = dual_constraints(values, eta, gamma, theta, c_p, c_w, L) + [
         eta >= 0,
         eta <= L,
     ]

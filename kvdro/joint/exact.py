@@ -78,11 +78,14 @@ def solve_milp(
     prune: bool = True,
     relax: bool = False,
     verbose: bool = False,
+    node_limit: int | None = None,
 ) -> MilpResult:
     """Solve the MILP of (6)/(8) with HiGHS; report status, bound and gap (never raises on a limit).
 
     ``relax=True`` solves the LP relaxation instead (its optimum is the root bound of the
-    formulation before HiGHS's presolve and cuts). ``time_limit`` [s] is HiGHS's wall-clock limit.
+    formulation before HiGHS's presolve and cuts). ``time_limit`` [s] is HiGHS's wall-clock limit;
+    ``node_limit`` caps branch-and-bound nodes, a limit that (unlike time) gives the same result on
+    every machine.
     """
     if not (np.isfinite(time_limit) and time_limit > 0):
         raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit!r}")
@@ -95,6 +98,10 @@ def solve_milp(
     n_con = int(data["A"].shape[0])
     build_s = time.perf_counter() - t0
     opts = {"time_limit": float(time_limit), "random_seed": 0}
+    if node_limit is not None:
+        if int(node_limit) < 1:
+            raise ValueError(f"node_limit: must be a positive number of nodes, got {node_limit!r}")
+        opts["mip_max_nodes"] = int(node_limit)
     if not relax:
         opts["mip_rel_gap"] = float(mip_rel_gap)
     t1 = time.perf_counter()
