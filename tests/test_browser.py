@@ -148,3 +148,16 @@ def test_local_assets_exist():
     assert (HTML / "_static" / "mathjax" / "MathJax.js").exists()
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     assert config["sphinx"]["config"]["nitpicky"] is True
+
+
+def test_every_solution_is_collapsed(pages):
+    """Students try first: each sphinx-exercise solution renders as a closed dropdown."""
+    open_solutions = []
+    for page in pages:
+        for sol in static_dom(page).select("div.solution"):
+            if "dropdown" not in sol.get("class", []):
+                open_solutions.append(f"{page.name}: {sol.get('id')}")
+    assert open_solutions == []
+    n_exercises = sum(len(static_dom(p).select("div.exercise")) for p in pages)
+    n_solutions = sum(len(static_dom(p).select("div.solution")) for p in pages)
+    assert n_solutions == n_exercises > 0
