@@ -41,8 +41,13 @@ notebooks: $(STAMP)
 test: book notebooks
 	$(BIN)/python -m pytest -q --nbval-lax tests _build/nbval
 
+# Open .md chapters as notebooks by default (jupytext), not in the text editor.
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.contents_manager_class=jupytext.TextFileContentsManager book/
+	mkdir -p $(LAB_SETTINGS)
+	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}}' > $(LAB_SETTINGS)/overrides.json
+	$(BIN)/jupyter lab --ServerApp.contents_manager_class=jupytext.TextFileContentsManager $(LAB_ROOT) book/
 
 bench: $(STAMP)
 	$(BIN)/python -m kvdro.bench all
