@@ -24,8 +24,12 @@ With no local copy and no network, :func:`fetch` raises one :class:`FileNotFound
 missing file, says where to put it, and gives its canonical address.
 
 Entries with ``sha256=None`` (Azure 2024, BurstGPT) are *unverified*: we have never had those files
-on the machine that wrote this registry, so we cannot pin their hash. They are downloaded and read
-without a hash check and every load warns (:class:`UnverifiedDataWarning`) with the hash it computed.
+on the machine that wrote this registry, so we cannot pin their hash, and a changed or tampered file
+would go unnoticed. Using one is an explicit opt-in: pass ``allow_unverified=True`` to :func:`fetch`
+/ :func:`load_trace`, or set the environment variable ``KVDRO_ALLOW_UNVERIFIED_DATA=1``. Without it,
+a local copy raises :class:`UnverifiedDataError` that prints the file's computed sha256 (to check
+and pin in the registry), and no download is attempted. With it, every load warns
+(:class:`UnverifiedDataWarning`) with the computed hash.
 """
 
 from __future__ import annotations
@@ -47,8 +51,10 @@ __all__ = [
     "REGISTRY",
     "SCHEMA",
     "Source",
+    "UnverifiedDataError",
     "UnverifiedDataWarning",
     "DroppedRequestsWarning",
+    "ALLOW_UNVERIFIED_ENV",
     "fetch",
     "load_trace",
     "read_azure_csv",
@@ -69,8 +75,16 @@ _AZURE = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data
 _VIDUR = "https://raw.githubusercontent.com/microsoft/vidur/7d47513363ec/data/profiling/"
 
 
+#: Environment variable that opts in to files the registry has no sha256 for ("1", "true" or "yes").
+ALLOW_UNVERIFIED_ENV = "KVDRO_ALLOW_UNVERIFIED_DATA"
+
+
 class UnverifiedDataWarning(UserWarning):
-    """A file was used whose sha256 the registry does not know (``Source.sha256 is None``)."""
+    """A file was used whose sha256 the registry does not know (``Source.sha256 is None``), by opt-in."""
+
+
+class UnverifiedDataError(ValueError):
+    """A file whose sha256 the registry does not know was requested without opting in."""
 
 
 class DroppedRequestsWarning(UserWarning):
@@ -192,7 +206,7 @@ _HASH_MEMO: dict[tuple[str, int, int], str] = {}
 
 def sha256_of(path: str | os.PathLike[str]) -> str:
     """The sha256 hex digest of a file (memoised on path, size and modification time)."""
-    p = Path(path)
+    p = _check_path(path)
     st = p.stat()
     key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _HASH_MEMO:
@@ -223,15 +237,43 @@ def _cache_dir() -> Path:
     return Path(configured) if configured else Path(_pooch().os_cache("kvdro"))
 
 
-def _check_hash(src: Source, path: Path, where: str) -> Path:
-    """Verify ``path`` against the registry (error on mismatch, warning if the hash is unknown)."""
+def _allow_unverified(allow_unverified: bool | None) -> bool:
+    """The opt-in for unhashed files: the argument if given, else ``KVDRO_ALLOW_UNVERIFIED_DATA``."""
+    if allow_unverified is not None:
+        if not isinstance(allow_unverified, bool):
+            raise ValueError(f"allow_unverified: must be True, False or None, got {allow_unverified!r}")
+        return allow_unverified
+    raw = os.environ.get(ALLOW_UNVERIFIED_ENV, "").strip().lower()
+    if raw in {"", "0", "false", "no"}:
+        return False
+    if raw in {"1", "true", "yes"}:
+        return True
+    raise ValueError(f"{ALLOW_UNVERIFIED_ENV}: must be 1/true/yes or 0/false/no, got {raw!r}")
+
+
+def _opt_in_hint(src: Source) -> str:
+    return (
+        f"pass allow_unverified=True to kvdro.datasets.fetch/load_trace or set {ALLOW_UNVERIFIED_ENV}=1 "
+        f"to use it anyway"
+    )
+
+
+def _check_hash(src: Source, path: Path, where: str, allow_unverified: bool = False) -> Path:
+    """Verify ``path`` against the registry: error on mismatch; for an unknown hash, an error
+    (:class:`UnverifiedDataError`) unless opted in, then a warning. Both print the computed hash."""
     actual = sha256_of(path)
     if src.sha256 is None:
+        if not allow_unverified:
+            raise UnverifiedDataError(
+                f"{src.name}: {path} is unverified: the registry has no sha256 for {src.filename}, so a "
+                f"changed or corrupt file would go unnoticed. Its computed sha256 is {actual}; check it "
+                f"against the publisher's and pin it in kvdro.datasets.REGISTRY, or {_opt_in_hint(src)}."
+            )
         warnings.warn(
-            f"{src.name}: {path} is unverified (the registry has no sha256 for {src.filename}); "
-            f"its sha256 is {actual}",
+            f"{src.name}: using {path} unverified (opted in; the registry has no sha256 for "
+            f"{src.filename}); its sha256 is {actual}",
             UnverifiedDataWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     elif actual != src.sha256:
         raise ValueError(
@@ -273,25 +315,37 @@ def _missing(src: Source, cache: Path, reason: str) -> FileNotFoundError:
     )
 
 
-def fetch(name: str) -> Path:
+def fetch(name: str, *, allow_unverified: bool | None = None) -> Path:
     """Path of a local copy of registry file ``name`` (see the module docstring for the order).
 
+    Args:
+        name: a registry key.
+        allow_unverified: opt in to a file the registry has no sha256 for (``None``: read the
+            environment variable ``KVDRO_ALLOW_UNVERIFIED_DATA``). Ignored for verified files.
+
     Raises:
-        ValueError: unknown ``name``; or a local copy whose sha256 differs from the registry's.
+        ValueError: unknown ``name``; a local copy whose sha256 differs from the registry's;
+            :class:`UnverifiedDataError` (a ValueError) for an unhashed file without the opt-in.
         FileNotFoundError: no local copy and the download failed (message says what to do).
     """
     src = _source(name)
+    allowed = _allow_unverified(allow_unverified)
     env = os.environ.get("KVDRO_DATA_DIR")
     if env:
         root = Path(env)
         if root.is_dir():
             hit = _find_local(src, root)
             if hit is not None:
-                return _check_hash(src, hit, "KVDRO_DATA_DIR")
+                return _check_hash(src, hit, "KVDRO_DATA_DIR", allowed)
     cache = _cache_dir()
     cached = cache / src.subfolder / src.filename
     if cached.is_file() and (src.sha256 is None or sha256_of(cached) == src.sha256):
-        return _check_hash(src, cached, "KVDRO_CACHE_DIR")
+        return _check_hash(src, cached, "KVDRO_CACHE_DIR", allowed)
+    if src.sha256 is None and not allowed:
+        raise UnverifiedDataError(
+            f"{src.name}: the registry has no sha256 for {src.filename}, so kvdro does not download it "
+            f"unasked; {_opt_in_hint(src)} (the warning will print the file's sha256 to pin)."
+        )
     try:
         path = _download(src, cache)
     except ValueError as exc:  # pooch: downloaded file's hash does not match
@@ -303,7 +357,7 @@ def fetch(name: str) -> Path:
     except OSError as exc:  # requests' errors (subclass OSError), urllib/socket errors, timeouts
         host = urlparse(src.url).hostname
         raise _missing(src, cache, f"{type(exc).__name__} while contacting {host}") from None
-    return _check_hash(src, path, "the download")
+    return _check_hash(src, path, "the download", allowed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,6 +391,19 @@ def _token_column(df: pd.DataFrame, column: str, path: Path) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _check_nrows(nrows: object) -> None:
+    if nrows is not None and (
+        isinstance(nrows, (bool, np.bool_)) or not isinstance(nrows, (int, np.integer)) or nrows < 1
+    ):
+        raise ValueError(f"nrows: must be a positive integer or None, got {nrows!r}")
+
+
+def _check_path(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: must be a file path (str or os.PathLike), got {type(path).__name__}")
+    return Path(path)
+
+
 def _tidy(arrival: np.ndarray, inp: np.ndarray, out: np.ndarray, cls: np.ndarray | str) -> pd.DataFrame:
     t = np.asarray(arrival, dtype=float)
     t = t - t.min() if t.size else t
@@ -364,9 +431,10 @@ def read_azure_csv(
         ValueError: naming the file and column, for a missing column, an unparseable timestamp,
             or a token count that is non-numeric, non-integer or negative.
     """
-    p = Path(path)
-    if nrows is not None and (not isinstance(nrows, (int, np.integer)) or nrows < 1):
-        raise ValueError(f"nrows: must be a positive integer or None, got {nrows!r}")
+    p = _check_path(path)
+    _check_nrows(nrows)
+    if not isinstance(request_class, str) or not request_class:
+        raise ValueError(f"request_class: must be a non-empty string, got {request_class!r}")
     df = pd.read_csv(p, nrows=nrows, dtype={"TIMESTAMP": str})
     _require_columns(df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], p)
     ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
@@ -408,9 +476,8 @@ def read_burstgpt_csv(path: str | os.PathLike[str], *, nrows: int | None = None)
     Raises:
         ValueError: naming the file and column (missing column, unparseable timestamp, bad tokens).
     """
-    p = Path(path)
-    if nrows is not None and (not isinstance(nrows, (int, np.integer)) or nrows < 1):
-        raise ValueError(f"nrows: must be a positive integer or None, got {nrows!r}")
+    p = _check_path(path)
+    _check_nrows(nrows)
     df = pd.read_csv(p, nrows=nrows)
     _require_columns(df, BURSTGPT_COLUMNS, p)
     ts = pd.to_numeric(df["Timestamp"], errors="coerce")
@@ -439,12 +506,14 @@ def read_burstgpt_csv(path: str | os.PathLike[str], *, nrows: int | None = None)
     return tidy
 
 
-def load_trace(name: str, *, nrows: int | None = None) -> pd.DataFrame:
+def load_trace(name: str, *, nrows: int | None = None, allow_unverified: bool | None = None) -> pd.DataFrame:
     """Load registry trace ``name`` in the tidy schema (:data:`SCHEMA`), sorted by arrival.
 
     Args:
         name: a registry key of kind ``"azure"`` or ``"burstgpt"``, e.g. ``"azure-2023-conv"``.
         nrows: read only the first ``nrows`` rows of the file (use it for the 2024 week files).
+        allow_unverified: opt in to a trace without a registered sha256 (Azure 2024, BurstGPT);
+            see :func:`fetch`.
 
     Returns:
         DataFrame with ``arrival_s`` [s from the first request], ``input_tokens`` [tokens],
@@ -454,9 +523,8 @@ def load_trace(name: str, *, nrows: int | None = None) -> pd.DataFrame:
     src = _source(name)
     if src.kind == "raw":
         raise ValueError(f"name: {name!r} is not a request trace (use kvdro.datasets.fetch for it)")
-    if nrows is not None and (not isinstance(nrows, (int, np.integer)) or nrows < 1):
-        raise ValueError(f"nrows: must be a positive integer or None, got {nrows!r}")
-    path = fetch(name)
+    _check_nrows(nrows)
+    path = fetch(name, allow_unverified=allow_unverified)
     if src.kind == "azure":
         df = read_azure_csv(path, src.request_class or "unknown", nrows=nrows)
     else:

@@ -30,6 +30,16 @@ __all__ = [
     "GPU",
     "Model",
     "ParallelConfig",
+    "OperatingPoint",
+    "MAX_NUM_SEQS",
+    "REFERENCE_INPUT_TOKENS",
+    "REFERENCE_OUTPUT_TOKENS",
+    "REFERENCE_UTILISATION",
+    "LMDEPLOY_TP4_DECODE",
+    "LMDEPLOY_TP4_THROUGHPUT",
+    "LMDEPLOY_SHAREGPT_TOKENS",
+    "decode_operating_point",
+    "fit_attention_efficiency",
     "ConfigPerformance",
     "A100_80GB",
     "LLAMA2_70B",
@@ -66,7 +76,9 @@ class GPU:
     ``hbm_bytes`` (bytes), ``hbm_bandwidth`` (bytes/s), ``peak_flops`` (FLOP/s, dense bf16/fp16 tensor
     core), ``nvlink_bandwidth`` (bytes/s per direction). The ``*_efficiency`` fields are the fractions
     of the peak figures that real kernels reach; ``kernel_overhead_s`` is added once per kernel;
-    ``gemm_tile`` (tokens) is the tile to which the row count of a GEMM is rounded up.
+    ``gemm_tile`` (tokens) is the tile to which the row count of a GEMM is rounded up;
+    ``attention_efficiency`` is the fraction of HBM bandwidth decode attention reaches when it reads
+    the cached K/V (``None``: the same as the GEMMs' ``hbm_efficiency``).
     """
 
     name: str
@@ -80,14 +92,17 @@ class GPU:
     gemm_tile: int = 1
     nvlink_efficiency: float = 1.0
     allreduce_latency_s: float = 0.0
+    attention_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("hbm_bytes", "hbm_bandwidth", "peak_flops", "nvlink_bandwidth"):
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{field} must be a positive finite number, got {value!r}")
-        for field in ("hbm_efficiency", "compute_efficiency", "nvlink_efficiency"):
+        for field in ("hbm_efficiency", "compute_efficiency", "nvlink_efficiency", "attention_efficiency"):
             value = getattr(self, field)
+            if field == "attention_efficiency" and value is None:
+                continue
             if not (0 < value <= 1):
                 raise ValueError(f"{field} must be in (0, 1], got {value!r}")
         for field in ("kernel_overhead_s", "allreduce_latency_s"):
@@ -107,7 +122,15 @@ class GPU:
             gemm_tile=1,
             nvlink_efficiency=1.0,
             allreduce_latency_s=0.0,
+            attention_efficiency=None,
         )
+
+    @property
+    def attention_bandwidth(self) -> float:
+        """Bytes/s at which decode attention reads the cached K/V: ``attention_efficiency`` (default:
+        ``hbm_efficiency``) times the HBM bandwidth."""
+        eff = self.hbm_efficiency if self.attention_efficiency is None else self.attention_efficiency
+        return eff * self.hbm_bandwidth
 
 
 @dataclass(frozen=True)
@@ -149,6 +172,7 @@ A100_80GB = GPU(
     gemm_tile=128,  # assumption: rows of a GEMM are padded to a 128-row tensor-core tile
     nvlink_efficiency=0.597,  # fitted: ring all-reduce bus bandwidth 179 GB/s
     allreduce_latency_s=51e-6,  # fitted: NCCL all-reduce fixed cost
+    attention_efficiency=0.39,  # fitted (fit_attention_efficiency): decode attention reads K/V at 0.80 TB/s
 )
 
 # Llama-2-70B. Source: Hugging Face meta-llama/Llama-2-70b-hf config.json (num_hidden_layers 80,
@@ -183,8 +207,27 @@ GPU_MEMORY_UTILIZATION = 0.9
 #: Per-GPU reserve for activations, CUDA graphs and NCCL buffers (bytes). An assumption: vLLM measures
 #: the peak of a profiling run instead; 2 GiB is its order of magnitude for a 70B model, 8K-token batch.
 ACTIVATION_RESERVE_BYTES = 2 * 2**30
-#: Decode batch (sequences per step) at which the per-token decode cost beta of (1) is amortised.
+#: The first edition's fixed decode batch (sequences per step). No longer the default: a busy group's
+#: batch is endogenous (:func:`decode_operating_point`); pass ``decode_batch=64`` to get the old model.
 DEFAULT_DECODE_BATCH = 64
+#: vLLM's ``max_num_seqs``: at most this many sequences run in one (micro-batch) engine.
+MAX_NUM_SEQS = 256
+#: Reference workload of the per-configuration operating point (:func:`config_performance`): the
+#: Azure LLM inference trace 2023, code and conversation together (28,185 requests), mean prompt and
+#: mean output [tokens]. It sets which decode batch a busy group carries; chapter 7 checks the model
+#: built on it against the simulator.
+REFERENCE_INPUT_TOKENS = 1434.0
+REFERENCE_OUTPUT_TOKENS = 153.8
+#: Share of its saturation throughput at which a group's operating point is evaluated: the joint
+#: problem's utilisation cap u_max (memory (6e) and the SLO (6f) bind there).
+REFERENCE_UTILISATION = 0.9
+
+
+def _check_degree(value: object, name: str) -> int:
+    """An integer >= 1 (not a bool, str or float): a TP/PP degree or a GPU count."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -196,9 +239,7 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for field in ("tp", "pp"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or int(value) != value or value < 1:
-                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+            _check_degree(getattr(self, field), field)
 
     @property
     def gpus(self) -> int:
@@ -216,13 +257,41 @@ PAPER_CONFIGS: tuple[ParallelConfig, ...] = tuple(ParallelConfig(tp, pp) for tp,
 
 def configs_for(gpus: int, tp_degrees: tuple[int, ...] = (1, 2, 4, 8), pp_degrees: tuple[int, ...] = (1, 2, 4, 8)) -> tuple[ParallelConfig, ...]:
     """Every (TP, PP) with tp*pp <= ``gpus``, TP within one 8-GPU NVLink node. For "any J"."""
-    if int(gpus) != gpus or gpus < 1:
-        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    _check_degree(gpus, "gpus")
     return tuple(ParallelConfig(t, p) for t in tp_degrees for p in pp_degrees if t * p <= gpus and t <= 8)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_model(model: object, name: str = "model") -> Model:
+    if not isinstance(model, Model):
+        raise ValueError(f"{name} must be a kvdro.hardware.Model (e.g. LLAMA2_70B), got {type(model).__name__} {model!r}")
+    return model
+
+
+def _check_gpu(gpu: object, name: str = "gpu") -> GPU:
+    if not isinstance(gpu, GPU):
+        raise ValueError(f"{name} must be a kvdro.hardware.GPU (e.g. A100_80GB), got {type(gpu).__name__} {gpu!r}")
+    return gpu
+
+
+def _check_tp_divides_heads(model: Model, tp: int) -> None:
+    """vLLM's rule for tensor parallelism: tp divides the query heads, and tp divides the KV heads or
+    (tp > n_kv_heads, each KV head replicated) the KV heads divide tp."""
+    if model.n_heads % tp:
+        raise ValueError(f"tp={tp} must divide the {model.n_heads} attention heads of {model.name}")
+    if model.n_kv_heads % tp and tp % model.n_kv_heads:
+        raise ValueError(
+            f"tp={tp} must divide the {model.n_kv_heads} KV heads of {model.name} "
+            f"or be a multiple of them (KV heads replicated)"
+        )
 
 
 def weight_bytes(model: Model) -> int:
     """Bytes of model weights: n_params * dtype_bytes (Llama-2-70B fp16: 137.95 GB)."""
+    _check_model(model)
     return model.n_params * model.dtype_bytes
 
 
@@ -230,12 +299,15 @@ def kv_bytes_per_token(model: Model) -> int:
     """KV-cache bytes one token occupies: 2 (K and V) * n_layers * n_kv_heads * head_dim * dtype_bytes.
 
     Llama-2-70B (GQA, 8 KV heads of 128, fp16): 2 * 80 * 8 * 128 * 2 = 327,680 bytes = 320 KiB.
+    Raises ValueError naming ``model`` if it is not a :class:`Model`.
     """
+    _check_model(model)
     return 2 * model.n_layers * model.n_kv_heads * model.head_dim * model.dtype_bytes
 
 
 def _check_tp_pp(tp: int, pp: int) -> None:
-    ParallelConfig(tp, pp)  # raises ValueError naming tp or pp
+    _check_degree(tp, "tp")
+    _check_degree(pp, "pp")
 
 
 def _kv_bytes_per_token_per_gpu(model: Model, tp: int, pp: int) -> int:
@@ -259,13 +331,20 @@ def kv_capacity_tokens(
     ``gpu_memory_utilization * hbm_bytes - weights/(tp*pp) - activation_reserve_bytes``; the group holds
     as many tokens as the fullest GPU can, rounded down to whole blocks.
 
-    Raises ValueError for tp/pp < 1, a utilisation outside (0, 1], a negative reserve, or weights that
-    do not fit (naming ``tp``/``pp``).
+    Raises ValueError naming the argument for: ``model``/``gpu`` of the wrong type (e.g. swapped);
+    tp/pp not integers >= 1; a ``tp`` that does not divide the attention heads (vLLM's rule, see
+    :func:`_check_tp_divides_heads`); ``pp`` above the number of layers; a utilisation outside
+    (0, 1]; a negative reserve; or weights that do not fit (naming ``tp``/``pp``).
     """
+    _check_model(model)
+    _check_gpu(gpu)
     _check_tp_pp(tp, pp)
-    if not (0 < gpu_memory_utilization <= 1):
+    _check_tp_divides_heads(model, tp)
+    if pp > model.n_layers:
+        raise ValueError(f"pp={pp} exceeds the {model.n_layers} layers of {model.name}")
+    if not (_is_number(gpu_memory_utilization) and 0 < gpu_memory_utilization <= 1):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-    if not (math.isfinite(activation_reserve_bytes) and activation_reserve_bytes >= 0):
+    if not (_is_number(activation_reserve_bytes) and math.isfinite(activation_reserve_bytes) and activation_reserve_bytes >= 0):
         raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     per_gpu_weights = math.ceil(weight_bytes(model) / (tp * pp))
     pool = gpu_memory_utilization * gpu.hbm_bytes - per_gpu_weights - activation_reserve_bytes
@@ -287,7 +366,8 @@ def prefill_flops_per_token(model: Model, prompt_tokens: float = 0.0) -> float:
     mean over j = 0..L-1 is 2 L d per layer. Llama-2-70B: 2 * 68.98e9 = 137.95 GFLOP per token, plus
     1.3 GFLOP per token at L = 1,000 (1%).
     """
-    if not (math.isfinite(prompt_tokens) and prompt_tokens >= 0):
+    _check_model(model)
+    if not (_is_number(prompt_tokens) and math.isfinite(prompt_tokens) and prompt_tokens >= 0):
         raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens!r}")
     return 2.0 * model.n_params + 2.0 * model.n_layers * model.n_heads * model.head_dim * prompt_tokens
 
@@ -374,14 +454,18 @@ def step_time(
     prefill_tokens: int,
     decode_seqs: int,
     decode_context_tokens: int,
+    prefill_attention_tokens2: float | None = None,
 ) -> float:
     """Seconds for one engine iteration through the whole pipeline (latency of one step).
 
-    The batch has ``prefill_tokens`` prompt tokens (one prompt) and ``decode_seqs`` sequences each
+    The batch has ``prefill_tokens`` prompt tokens (one prompt, or several whose causal attention
+    covers ``prefill_attention_tokens2`` = sum over prompts of L_j^2 - c_j^2 token pairs, c_j a cached
+    prefix; default ``prefill_tokens**2``, one prompt) and ``decode_seqs`` sequences each
     generating one token, whose caches hold ``decode_context_tokens`` tokens in total. Per layer:
     the four linear operators (roofline, :func:`linear_op_time`) on ``prefill_tokens + decode_seqs``
     rows; five element-wise kernels (2 RMSNorms, SiLU*mul, RoPE, residual add); attention -- decode
-    reads every cached K/V byte of the layer (``decode_context_tokens * kv_bytes / (n_layers * tp)``),
+    reads every cached K/V byte of the layer (``decode_context_tokens * kv_bytes / (n_layers * tp)``)
+    at the attention kernels' bandwidth (:attr:`GPU.attention_bandwidth`),
     prefill does causal FLOPs 2 * L^2 * hidden / tp; two all-reduces (after attention and after the
     MLP) for tp > 1. The pp stages run one after another for a given batch (pp - 1 hand-offs);
     the LM head runs once per generated token.
@@ -400,10 +484,13 @@ def step_time(
     per_layer += 4 * elementwise_op_time(gpu, 2 * act)  # 2 norms, residual add, RoPE (read + write)
     per_layer += elementwise_op_time(gpu, 3 * model.dtype_bytes * rows * model.ffn / tp)  # SiLU(gate)*up
     kv_layer_token = kv_bytes_per_token(model) / model.n_layers / tp
-    if decode_seqs:
-        per_layer += elementwise_op_time(gpu, decode_context_tokens * kv_layer_token)
+    if decode_seqs and decode_context_tokens:
+        per_layer += gpu.kernel_overhead_s + decode_context_tokens * kv_layer_token / gpu.attention_bandwidth
     if prefill_tokens:
-        attn_flops = 2.0 * prefill_tokens**2 * model.n_heads * model.head_dim / tp
+        pairs = prefill_tokens**2 if prefill_attention_tokens2 is None else prefill_attention_tokens2
+        if not (math.isfinite(pairs) and pairs >= 0):
+            raise ValueError(f"prefill_attention_tokens2 must be >= 0, got {prefill_attention_tokens2!r}")
+        attn_flops = 2.0 * pairs * model.n_heads * model.head_dim / tp
         per_layer += gpu.kernel_overhead_s + max(
             attn_flops / (gpu.compute_efficiency * gpu.peak_flops),
             prefill_tokens * kv_layer_token / (gpu.hbm_efficiency * gpu.hbm_bandwidth),
@@ -421,7 +508,11 @@ class ConfigPerformance:
     kv_capacity_tokens = M_k (tokens), kv_capacity_blocks = M_k / 16; compute_flops = C_k (effective
     FLOP/s of all tau*p GPUs); bandwidth = B_k (effective bytes/s of all tau*p GPUs); allreduce_s =
     t_ar (seconds per all-reduce of one decode step's activations at ``decode_batch``, 0 if tp = 1);
-    decode_batch = the decode batch size (sequences per step) at which (1) amortises weight reads.
+    decode_batch = the decode batch size (sequences per step) at which the work (1) amortises weight
+    reads -- the largest batch a micro-batch engine runs, n_max (the group's capacity); busy_batch =
+    n_dec, the batch it carries at the reference utilisation, and prefill_share = the share of time
+    its prefill-first steps stall decoding there (both from :func:`decode_operating_point`; they set
+    the residence time H of :func:`kvdro.queueing.residence_time`).
     """
 
     config: ParallelConfig
@@ -433,24 +524,40 @@ class ConfigPerformance:
     allreduce_s: float
     decode_batch: int = DEFAULT_DECODE_BATCH
     gpu: GPU = A100_80GB
+    busy_batch: float = DEFAULT_DECODE_BATCH
+    prefill_share: float = 0.0
 
 
 def config_performance(
     model: Model,
     gpu: GPU,
     config: ParallelConfig,
-    decode_batch: int = DEFAULT_DECODE_BATCH,
+    decode_batch: int | None = None,
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
     activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES,
 ) -> ConfigPerformance:
-    """M_k, C_k, B_k and t_ar of one (TP, PP) group (inputs of (1), (6e)).
+    """M_k, C_k, B_k, t_ar and the decode operating point of one (TP, PP) group (inputs of (1), (6e)).
 
     C_k = tau p * eta_c * peak and B_k = tau p * eta_m * HBM bandwidth: the group's aggregate effective
     compute and bandwidth (a request's prefill uses one stage at a time, hence the p_k in (1)).
+
+    ``decode_batch=None`` (default): the batch is endogenous -- :func:`decode_operating_point` on the
+    reference workload (:data:`REFERENCE_INPUT_TOKENS`, :data:`REFERENCE_OUTPUT_TOKENS`) at
+    :data:`REFERENCE_UTILISATION` gives n_max (``decode_batch``), n_dec (``busy_batch``) and the
+    prefill share. An integer ``decode_batch`` gives the first edition's fixed-batch model (all three
+    batches equal, no prefill stall).
     """
-    if isinstance(decode_batch, bool) or int(decode_batch) != decode_batch or decode_batch < 1:
-        raise ValueError(f"decode_batch must be an integer >= 1, got {decode_batch!r}")
+    _check_model(model)
+    _check_gpu(gpu)
+    if not isinstance(config, ParallelConfig):
+        raise ValueError(f"config must be a kvdro.hardware.ParallelConfig, got {type(config).__name__} {config!r}")
     tokens = kv_capacity_tokens(model, gpu, config.tp, config.pp, gpu_memory_utilization, activation_reserve_bytes)
+    if decode_batch is None:
+        op = decode_operating_point(model, gpu, config, REFERENCE_INPUT_TOKENS, REFERENCE_OUTPUT_TOKENS, kv_tokens=tokens)
+        decode_batch, busy, share = max(1, int(op.max_batch)), op.batch, op.prefill_share
+    else:
+        _check_degree(decode_batch, "decode_batch")
+        busy, share = float(decode_batch), 0.0
     g = config.gpus
     return ConfigPerformance(
         config=config,
@@ -462,12 +569,150 @@ def config_performance(
         allreduce_s=allreduce_time(gpu, decode_batch * model.hidden * model.dtype_bytes, config.tp),
         decode_batch=int(decode_batch),
         gpu=gpu,
+        busy_batch=float(busy),
+        prefill_share=float(share),
+    )
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Where a continuously batching group settles at an arrival rate (:func:`decode_operating_point`).
+
+    Per micro-batch engine (a group of PP degree p runs p of them, each with 1/p of the traffic and of
+    the KV pool): ``max_batch`` n_max [sequences]; ``batch`` n [sequences decoding]; ``prefill_s`` t_pf
+    and ``step_s`` t_dec(n) [s]; ``prefill_share`` lambda t_pf; ``residence_s`` H [s]. Per group:
+    ``arrival_rate`` and ``saturation_rate`` [requests/s]; ``saturated`` if the rate reaches it.
+    """
+
+    max_batch: float
+    batch: float
+    prefill_s: float
+    step_s: float
+    prefill_share: float
+    residence_s: float
+    arrival_rate: float
+    saturation_rate: float
+    saturated: bool
+
+
+def decode_operating_point(
+    model: Model,
+    gpu: GPU,
+    config: ParallelConfig,
+    input_tokens: float,
+    mean_output_tokens: float,
+    *,
+    arrival_rate: float | None = None,
+    utilisation: float = REFERENCE_UTILISATION,
+    max_num_seqs: int = MAX_NUM_SEQS,
+    kv_tokens: float | None = None,
+) -> OperatingPoint:
+    """The endogenous decode batch: a fixed point of Little's law under vLLM's prefill-first steps.
+
+    A micro-batch engine receives lambda requests/s (the group's rate / p) of mean prompt L and mean
+    output xi. Each arrival costs one prefill step of t_pf = :func:`step_time` (L, 0, 0) during which
+    nobody decodes; the rest of the time it runs decode steps of its n sequences, t_dec(n) =
+    :func:`step_time` (0, n, n (L + xi/2)), each producing n tokens. Token balance (the engine is
+    busy whenever a request is resident) gives
+
+        n (1 - lambda t_pf) = lambda xi t_dec(n),        H = t_pf + xi t_dec(n) / (1 - lambda t_pf),
+
+    i.e. Little's law n = lambda (H - t_pf) with a residence that itself grows with n. The batch is
+    at most n_max = min(max_num_seqs, sequences of mean context L + xi/2 the engine's KV pool holds);
+    at n_max the engine is saturated: lambda_sat = 1 / (t_pf + xi t_dec(n_max) / n_max) per engine.
+    ``arrival_rate`` is the group's rate; ``None`` takes ``utilisation`` x the saturation rate.
+    ``kv_tokens`` is the group's KV capacity M_k [tokens] (default :func:`kv_capacity_tokens`).
+    """
+    for name, value in (("input_tokens", input_tokens), ("mean_output_tokens", mean_output_tokens)):
+        if not (_is_number(value) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+    if not (0 < utilisation < 1):
+        raise ValueError(f"utilisation must be in (0, 1), got {utilisation!r}")
+    _check_degree(max_num_seqs, "max_num_seqs")
+    pp = config.pp
+    if kv_tokens is None:
+        kv_tokens = kv_capacity_tokens(model, gpu, config.tp, config.pp)
+    ctx = float(input_tokens) + float(mean_output_tokens) / 2.0
+    n_max = float(min(max_num_seqs, max(1.0, (kv_tokens / pp) / max(ctx, 1.0))))
+    t_pf = step_time(model, gpu, config, max(float(input_tokens), 1.0), 0, 0)
+    xi = float(mean_output_tokens)
+    t_dec = lambda n: step_time(model, gpu, config, 0, n, n * max(ctx, 1.0))  # noqa: E731
+    lam_sat = 1.0 / (t_pf + xi * t_dec(n_max) / n_max)  # per engine
+    if arrival_rate is None:
+        lam = utilisation * lam_sat
+    else:
+        if not (_is_number(arrival_rate) and math.isfinite(arrival_rate) and arrival_rate >= 0):
+            raise ValueError(f"arrival_rate must be a non-negative finite number, got {arrival_rate!r}")
+        lam = float(arrival_rate) / pp
+    saturated = lam >= lam_sat
+    if lam == 0:
+        n = 0.0
+    elif saturated:
+        n = n_max
+    else:  # g(n) = n (1 - lam t_pf) - lam xi t_dec(n): g(0+) < 0 <= g(n_max); bisection
+        lo, hi = 0.0, n_max
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if mid * (1 - lam * t_pf) - lam * xi * t_dec(mid) < 0:
+                lo = mid
+            else:
+                hi = mid
+        n = hi
+    step = t_dec(n) if n > 0 else t_dec(1.0)
+    share = min(lam * t_pf, 1.0)
+    residence = t_pf + xi * step / (1 - share) if share < 1 else math.inf
+    return OperatingPoint(
+        max_batch=n_max, batch=n, prefill_s=t_pf, step_s=step, prefill_share=share, residence_s=residence,
+        arrival_rate=lam * pp, saturation_rate=lam_sat * pp, saturated=bool(saturated),
     )
 
 
 # ---------------------------------------------------------------------------------------------------
 # Calibration against measurement (Vidur's A100 profiles, :cite:`agrawal2024vidur`)
 # ---------------------------------------------------------------------------------------------------
+
+#: Published A100 measurements of Llama-2-70B fp16 at TP4, lmdeploy v0.1.0a1 on 8 x A100-80G
+#: (InternLM/lmdeploy ``docs/en/benchmark/a100_fp16.md``, :cite:`lmdeploy2023`). Static inference:
+#: (batch, prompt tokens, output tokens, median per-token latency [s], rounded to the ms).
+LMDEPLOY_TP4_DECODE: tuple[tuple[int, int, int, float], ...] = tuple(
+    (b, p, o, t)
+    for b, row in (
+        (16, (0.030, 0.030, 0.033, 0.035, 0.036)),
+        (32, (0.032, 0.032, 0.036, 0.040, 0.043)),
+        (64, (0.037, 0.037, 0.043, 0.050, 0.055)),
+    )
+    for (p, o), t in zip(((1, 128), (128, 128), (128, 2048), (2048, 128), (2048, 2048)), row)
+)
+#: Request throughput on ShareGPT conversations, 3,000 prompts: (concurrent requests, requests/s).
+LMDEPLOY_TP4_THROUGHPUT: tuple[tuple[int, float], ...] = ((64, 4.285), (128, 5.833), (256, 6.568))
+#: Mean prompt and output tokens of that ShareGPT sample, from the same table's token throughputs:
+#: output = 1,000.376 / 4.285 = 233.5, prompt = (2,062.7 - 1,000.376) / 4.285 = 247.9 tokens.
+LMDEPLOY_SHAREGPT_TOKENS: tuple[float, float] = (247.9, 233.5)
+
+
+def fit_attention_efficiency(model: Model, gpu: GPU, rows=LMDEPLOY_TP4_DECODE, tp: int = 4) -> float:
+    """The fraction of HBM bandwidth decode attention reaches, from measured decode latencies.
+
+    Within one batch size b, a decode step's latency grows with the cached context only through
+    attention, which reads ``b * ctx * kv_bytes / tp`` bytes per GPU (ctx = prompt + output/2 at the
+    median token). A least-squares line per batch (one intercept each, a common slope s [s per
+    cached token read]) gives ``attention_efficiency = kv_bytes / tp / (s * HBM bandwidth)``.
+    """
+    rows = list(rows)
+    batches = sorted({r[0] for r in rows})
+    X = np.zeros((len(rows), len(batches) + 1))
+    y = np.zeros(len(rows))
+    for i, (b, p, o, t) in enumerate(rows):
+        X[i, batches.index(b)] = 1.0
+        X[i, -1] = b * (p + o / 2.0)
+        y[i] = t
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    slope = float(coef[-1])
+    if slope <= 0:
+        raise ValueError("rows: latency does not grow with the context; cannot fit attention efficiency")
+    eff = kv_bytes_per_token(model) / tp / (slope * gpu.hbm_bandwidth)
+    return float(min(eff, 1.0))
+
 
 #: Operators of Vidur's per-layer profile that are GEMMs (the rest are element-wise kernels).
 VIDUR_LINEAR_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")

@@ -17,6 +17,7 @@ The same optimum as an LP in CVXPY (:func:`saa_problem`) lets a reader inspect t
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -36,6 +37,7 @@ __all__ = [
     "saa_problem",
     "saa_reservation",
     "solve_lp",
+    "support_bound",
 ]
 
 #: Solver used for every LP in the book; tolerances tight enough for 1e-6 relative agreement.
@@ -44,21 +46,49 @@ LP_OPTIONS: dict[str, float] = {"tol_gap_abs": 1e-8, "tol_gap_rel": 1e-9, "tol_f
 
 
 # --------------------------------------------------------------------------- validation helpers
+def _is_real_number(value: object) -> bool:
+    """True for an int/float/numpy number (or a 0-d numeric array), False for bool, str, None, ..."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"
+
+
 def _finite_scalar(value: float, name: str) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    """``value`` as a finite float; ``ValueError`` naming ``name`` for anything else.
+
+    Strings (``"5"``), booleans and ``None`` are rejected rather than converted: a token count or a
+    cost that arrives as text is a bug upstream, not a number.
+    """
+    if not _is_real_number(value):
+        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    x = float(value)
     if not math.isfinite(x):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return x
 
 
+def _real_array(values: ArrayLike, name: str) -> NDArray[np.float64]:
+    """``values`` as a float array of any shape, rejecting strings, booleans and non-numbers."""
+    try:
+        a = np.asarray(values)
+    except (TypeError, ValueError):  # ragged nested sequences
+        raise ValueError(f"{name} must be an array of numbers") from None
+    if a.dtype.kind == "O":
+        if not all(_is_real_number(v) for v in a.ravel()):
+            raise ValueError(f"{name} must be an array of numbers (found a non-number)")
+    elif a.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be an array of numbers, got dtype {a.dtype} (strings and booleans are not)")
+    return a.astype(np.float64)
+
+
 def check_costs(c_p: float, c_w: float, *, positive: bool = False) -> tuple[float, float]:
     """Validate the per-token preemption and waste costs of (2)-(3); return them as floats.
 
-    Raises ``ValueError`` naming ``c_p`` or ``c_w`` if a cost is non-finite or negative (or, with
-    ``positive=True``, zero: a reservation needs both costs to pin down the fractile (9)).
+    Raises ``ValueError`` naming ``c_p`` or ``c_w`` if a cost is not a real number, non-finite or
+    negative (or, with ``positive=True``, zero: a reservation needs both costs to pin down the
+    fractile (9)).
     """
     out = []
     for value, name in ((c_p, "c_p"), (c_w, "c_w")):
@@ -70,17 +100,25 @@ def check_costs(c_p: float, c_w: float, *, positive: bool = False) -> tuple[floa
     return out[0], out[1]
 
 
+def support_bound(L_max: float) -> float:
+    """Validate the support bound ``L_max`` (tokens) of the ambiguity set (5): a positive finite number."""
+    upper = _finite_scalar(L_max, "L_max")
+    if upper <= 0:
+        raise ValueError(f"L_max must be positive, got {L_max!r}")
+    return upper
+
+
 def as_samples(samples: ArrayLike, L_max: float | None = None) -> NDArray[np.float64]:
     """Validate output-length samples (tokens) and return them as a 1-D float array.
 
-    Samples must be non-empty, finite and non-negative; with ``L_max`` given they must also lie in
-    the support ``[0, L_max]`` of the ambiguity set (5). Raises ``ValueError`` naming ``samples``
-    (or ``L_max`` if it is not a positive finite number).
+    Samples must be a non-empty 1-D array of finite, non-negative numbers (not strings, booleans or a
+    2-D table: nothing is flattened silently); with ``L_max`` given they must also lie in the support
+    ``[0, L_max]`` of the ambiguity set (5). Raises ``ValueError`` naming ``samples`` (or ``L_max``
+    if it is not a positive finite number).
     """
-    try:
-        x = np.asarray(samples, dtype=np.float64).ravel()
-    except (TypeError, ValueError):
-        raise ValueError("samples must be an array of numbers") from None
+    x = _real_array(samples, "samples")
+    if x.ndim != 1:
+        raise ValueError(f"samples must be a 1-D array of output lengths, got shape {x.shape}")
     if x.size == 0:
         raise ValueError("samples must not be empty")
     if not np.all(np.isfinite(x)):
@@ -88,9 +126,7 @@ def as_samples(samples: ArrayLike, L_max: float | None = None) -> NDArray[np.flo
     if np.any(x < 0):
         raise ValueError(f"samples must be non-negative output lengths (min is {x.min()!r})")
     if L_max is not None:
-        upper = _finite_scalar(L_max, "L_max")
-        if upper <= 0:
-            raise ValueError(f"L_max must be positive, got {L_max!r}")
+        upper = support_bound(L_max)
         if np.any(x > upper):
             raise ValueError(f"samples must lie in [0, L_max] = [0, {upper!r}] (max is {x.max()!r})")
     return x
@@ -115,7 +151,11 @@ def loss(xi: ArrayLike, eta: ArrayLike, c_p: float, c_w: float) -> NDArray[np.fl
     other; the result is in cost units (``c_p``, ``c_w`` are per token).
     """
     c_p, c_w = check_costs(c_p, c_w)
-    diff = np.asarray(xi, dtype=np.float64) - np.asarray(eta, dtype=np.float64)
+    x, e = _real_array(xi, "xi"), _real_array(eta, "eta")
+    for arr, name in ((x, "xi"), (e, "eta")):
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be finite (found NaN or inf)")
+    diff = x - e
     return c_p * np.maximum(diff, 0.0) + c_w * np.maximum(-diff, 0.0)
 
 
@@ -186,8 +226,11 @@ def saa_problem(samples: ArrayLike, c_p: float, c_w: float) -> SAAProblem:
 def solve_lp(problem: cp.Problem, what: str) -> float:
     """Solve an LP built by this package with Clarabel; return its optimal value.
 
-    Raises :class:`kvdro.errors.SolverError` carrying the solver status unless it is ``optimal``.
+    Raises :class:`kvdro.errors.SolverError` carrying the solver status unless it is ``optimal``,
+    and ``ValueError`` naming ``problem`` if it is not a ``cvxpy.Problem``.
     """
+    if not isinstance(problem, cp.Problem):
+        raise ValueError(f"problem must be a cvxpy.Problem, got {type(problem).__name__}")
     try:
         problem.solve(solver=LP_SOLVER, **LP_OPTIONS)
     except cp.error.SolverError as exc:  # the solver itself failed (e.g. numerical trouble)

@@ -41,18 +41,31 @@ PALETTE: tuple[str, ...] = (
     "#000000",  # black
 )
 FONT = "Helvetica, Arial, sans-serif"
-WIDTH = 560
+#: Width of the book's text column [px] at a 1280 px browser window, measured in the built HTML
+#: (pydata-sphinx-theme / sphinx-book-theme: the article's content box; tests/test_browser.py).
+COLUMN_PX = 676
+#: Default *total* width of a chart [px], axis titles, legend and title included: the theme sizes
+#: single-view charts with ``autosize: fit``, so the whole chart is WIDTH wide and leaves a margin in
+#: the column. Concatenated or faceted charts are laid out by Vega-Lite ("pad"): give each panel a
+#: width so that the panels together stay within WIDTH.
+WIDTH = 620
 HEIGHT = 300
 
 
 def kvdro_theme() -> alt.theme.ThemeConfig:
-    """The book's chart theme: colour-blind palette, readable fonts, a fixed chart size."""
+    """The book's chart theme: colour-blind palette, readable fonts, a chart that fits the column.
+
+    Single views are ``autosize: fit`` (the plot area shrinks so that axes, legend and title fit in
+    WIDTH); legends sit below the plot, in rows of at most three entries, so they never widen it.
+    """
     return {
         "config": {
+            "autosize": {"type": "fit", "contains": "padding"},
+            "padding": 5,
             "view": {"continuousWidth": WIDTH, "continuousHeight": HEIGHT, "stroke": None},
             "range": {"category": list(PALETTE)},
             "font": FONT,
-            "title": {"fontSize": 15, "anchor": "start", "fontWeight": "normal"},
+            "title": {"fontSize": 15, "anchor": "start", "fontWeight": "normal", "limit": WIDTH - 10},
             "axis": {
                 "labelFontSize": 12,
                 "titleFontSize": 13,
@@ -61,7 +74,15 @@ def kvdro_theme() -> alt.theme.ThemeConfig:
                 "domainColor": "#888888",
                 "tickColor": "#888888",
             },
-            "legend": {"labelFontSize": 12, "titleFontSize": 13, "titleFontWeight": "normal"},
+            "legend": {
+                "labelFontSize": 12,
+                "titleFontSize": 13,
+                "titleFontWeight": "normal",
+                "orient": "bottom",
+                "direction": "horizontal",
+                "columns": 3,
+                "labelLimit": 160,
+            },
             "mark": {"color": PALETTE[0]},
             "line": {"strokeWidth": 2},
             "point": {"size": 50, "filled": True},
@@ -70,6 +91,17 @@ def kvdro_theme() -> alt.theme.ThemeConfig:
 
 
 alt.theme.register(THEME_NAME, enable=False)(kvdro_theme)
+
+
+def rendered_width(chart: alt.TopLevelMixin | dict[str, Any]) -> float:
+    """Total width [px] of a chart as drawn (axes, legend, title included), from its static SVG."""
+    import re
+
+    spec = chart if isinstance(chart, dict) else chart.to_dict()
+    match = re.search(r'<svg[^>]*\swidth="([\d.]+)"', static_svg(spec))
+    if match is None:
+        raise ValueError("chart: the rendered SVG has no width")
+    return float(match.group(1))
 
 
 def chart_id(spec: dict[str, Any]) -> str:

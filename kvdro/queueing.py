@@ -15,8 +15,16 @@ The reading we use (chapter 4 derives it):
   shared by the batch. The paper's ``beta E[xi] / B_k`` with a constant beta has no batch in it; we
   amortise the weights over ``perf.decode_batch`` sequences.
 * **Residence time** (:func:`residence_time`) is how long a request *holds its KV blocks*: its
-  prefill plus E[xi] decode steps of a whole batch. This, not the work, is what Little's law needs in
-  the memory constraint (6e): occupancy = lambda * residence * r tokens.
+  prefill plus E[xi] decode steps of a whole batch, stretched by the prefill-first steps of other
+  requests. This, not the work, is what Little's law needs in the memory constraint (6e):
+  occupancy = lambda * residence * r tokens.
+* **The decode batch is endogenous** (chapter 7, where the simulator referees this model): a busy
+  group's batch n is a fixed point of Little's law, n (1 - lambda t_pf) = lambda E[xi] t_dec(n)
+  (:func:`kvdro.hardware.decode_operating_point`). The work T uses the largest batch n_max (the
+  group's capacity: u = lambda T is the share of the saturation throughput); the residence time uses
+  the batch n_dec and prefill share at the reference utilisation (``perf.busy_batch``,
+  ``perf.prefill_share``). ``config_performance(..., decode_batch=64)`` gives the first edition's
+  fixed batch of 64 for all three.
 * **Utilisation** ``u = sum_i lambda_i T_i / z`` (work conservation: exact for any work-conserving
   server).
 * **Waiting time (7)** -- the formula printed in the paper is garbled; we implement Kingman's G/G/1
@@ -58,6 +66,8 @@ __all__ = [
 
 
 def _nonneg(name: str, value: float) -> float:
+    if isinstance(value, (bool, np.bool_, str, bytes)) or value is None or np.ndim(value) != 0:
+        raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -65,6 +75,14 @@ def _nonneg(name: str, value: float) -> float:
     if not (math.isfinite(v) and v >= 0):
         raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
     return v
+
+
+def _check_serving(model: object, perf: object) -> None:
+    """ValueError naming ``model`` or ``perf`` when either is not the kvdro.hardware object (e.g. swapped)."""
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a kvdro.hardware.Model, got {type(model).__name__}")
+    if not isinstance(perf, ConfigPerformance):
+        raise ValueError(f"perf must be a kvdro.hardware.ConfigPerformance, got {type(perf).__name__}")
 
 
 def _effective_prompt(input_tokens: float, prefix_tokens: float, cached_prefix: bool) -> tuple[float, float]:
@@ -81,6 +99,7 @@ def prefill_time(model: Model, perf: ConfigPerformance, input_tokens: float, pre
     FLOPs = 2 P (L_in - c) + 2 N_L d (L_in^2 - c^2) with c the cached prefix (0 if not cached): the
     new tokens' weight FLOPs and their causal attention, which still attends over the cached prefix.
     """
+    _check_serving(model, perf)
     L_in, c = _effective_prompt(input_tokens, prefix_tokens, cached_prefix)
     new = L_in - c
     if new == 0:
@@ -91,16 +110,26 @@ def prefill_time(model: Model, perf: ConfigPerformance, input_tokens: float, pre
     return perf.config.pp * flops / perf.compute_flops + comm
 
 
-def decode_time_per_token(model: Model, perf: ConfigPerformance, context_tokens: float) -> float:
+def decode_time_per_token(model: Model, perf: ConfigPerformance, context_tokens: float, batch: float | None = None) -> float:
     """Decode term of (1) per generated token, seconds of group time: ``max(beta / B_k, 2P / C_k)`` plus
-    the step's all-reduces shared by the batch, ``2 N_L t_ar / decode_batch``.
+    the step's all-reduces shared by the batch, ``2 N_L t_ar / n``, at a decode batch of ``batch``
+    sequences (default ``perf.decode_batch``).
 
-    beta = weight_bytes / decode_batch + kv_bytes_per_token * context_tokens (bytes per decode token).
+    beta = weight_bytes / n + kv_bytes_per_token * context_tokens * eta_m / eta_attn (bytes per decode
+    token): each sequence reads its own KV cache, at the bandwidth attention kernels reach
+    (:attr:`kvdro.hardware.GPU.attention_bandwidth`), a fraction eta_attn / eta_m of the GEMMs'.
     """
+    _check_serving(model, perf)
     ctx = _nonneg("context_tokens", context_tokens)
-    beta = weight_bytes(model) / perf.decode_batch + kv_bytes_per_token(model) * ctx
+    n = perf.decode_batch if batch is None else _nonneg("batch", batch)
+    if n <= 0:
+        raise ValueError(f"batch must be positive, got {batch!r}")
+    gpu = perf.gpu
+    kv_weight = gpu.hbm_efficiency * gpu.hbm_bandwidth / gpu.attention_bandwidth
+    beta = weight_bytes(model) / n + kv_bytes_per_token(model) * ctx * kv_weight
     compute = prefill_flops_per_token(model, 0.0) / perf.compute_flops
-    return max(beta / perf.bandwidth, compute) + 2 * model.n_layers * perf.allreduce_s / perf.decode_batch
+    t_ar = perf.allreduce_s if batch is None else allreduce_time(gpu, n * model.hidden * model.dtype_bytes, perf.config.tp)
+    return max(beta / perf.bandwidth, compute) + 2 * model.n_layers * t_ar / n
 
 
 def service_time(
@@ -116,6 +145,7 @@ def service_time(
     A cached prefix (``cached_prefix=True``) shortens the prefill to ``input_tokens - prefix_tokens``.
     Decode uses the mean context ``L_in + E[xi]/2`` (the cache grows by one token per step).
     """
+    _check_serving(model, perf)
     L_in, _ = _effective_prompt(input_tokens, prefix_tokens, cached_prefix)
     mean_out = _nonneg("mean_output_tokens", mean_output_tokens)
     return prefill_time(model, perf, input_tokens, prefix_tokens, cached_prefix) + mean_out * decode_time_per_token(
@@ -131,16 +161,23 @@ def residence_time(
     prefix_tokens: float = 0.0,
     cached_prefix: bool = False,
 ) -> float:
-    """Seconds a request holds its KV blocks: its prefill plus E[xi] engine steps of a full decode batch.
+    """Seconds a request holds its KV blocks: its prefill plus E[xi] engine steps of a busy group,
+    stretched by the prefill steps of the others (vLLM's prefill-first scheduling).
 
-    One decode step serves ``decode_batch`` sequences in each of the ``pp`` pipeline micro-batches, so
-    a step lasts ``pp * decode_batch`` times the per-token work; the request is resident for E[xi]
-    such steps. Use this time in Little's law for memory, (6e).
+    A busy group decodes ``n = perf.busy_batch`` sequences in each of its ``pp`` micro-batch engines,
+    so a step lasts ``pp * n`` times the per-token work at batch n; the request needs E[xi] such
+    steps, and decoding stops during the fraction ``s = perf.prefill_share`` of the time spent on
+    other requests' prefills: H = prefill + E[xi] pp n t(n) / (1 - s). n and s are the endogenous
+    operating point of :func:`kvdro.hardware.decode_operating_point` (a fixed point of Little's law,
+    chapter 7). Use this time in Little's law for memory, (6e), and in the response time of (6f).
     """
+    _check_serving(model, perf)
     L_in, _ = _effective_prompt(input_tokens, prefix_tokens, cached_prefix)
     mean_out = _nonneg("mean_output_tokens", mean_output_tokens)
-    per_token = decode_time_per_token(model, perf, L_in + mean_out / 2)
-    return prefill_time(model, perf, input_tokens, prefix_tokens, cached_prefix) + mean_out * perf.config.pp * perf.decode_batch * per_token
+    n = perf.busy_batch
+    per_token = decode_time_per_token(model, perf, L_in + mean_out / 2, batch=n)
+    stall = 1.0 / (1.0 - perf.prefill_share)
+    return prefill_time(model, perf, input_tokens, prefix_tokens, cached_prefix) + mean_out * perf.config.pp * n * per_token * stall
 
 
 def memory_occupancy_tokens(arrival_rate: float, service_time_s: float, reserved_tokens: float) -> float:
@@ -152,7 +189,15 @@ def memory_occupancy_tokens(arrival_rate: float, service_time_s: float, reserved
 
 
 def _vector(name: str, values: Sequence[float] | np.ndarray | float) -> np.ndarray:
-    arr = np.atleast_1d(np.asarray(values, dtype=float))
+    if values is None or isinstance(values, (str, bytes)):
+        raise ValueError(f"{name} must be a non-empty 1-D sequence of numbers, got {values!r}")
+    raw = np.asarray(values, dtype=object) if not isinstance(values, np.ndarray) else values
+    if any(isinstance(v, (str, bytes, bool, np.bool_)) or v is None for v in np.atleast_1d(raw).ravel()):
+        raise ValueError(f"{name} must hold numbers only, got {values!r}")
+    try:
+        arr = np.atleast_1d(np.asarray(values, dtype=float))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a non-empty 1-D sequence of numbers, got {values!r}") from None
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D sequence")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
@@ -248,6 +293,8 @@ def simulate_gg1_wait(
     if isinstance(n_customers, bool) or int(n_customers) != n_customers or n_customers < 2:
         raise ValueError(f"n_customers must be an integer >= 2, got {n_customers!r}")
     n = int(n_customers)
+    if warmup is not None and (isinstance(warmup, (bool, np.bool_)) or not isinstance(warmup, (int, np.integer))):
+        raise ValueError(f"warmup must be an integer in [0, n_customers), got {warmup!r}")
     warm = n // 10 if warmup is None else int(warmup)
     if not (0 <= warm < n):
         raise ValueError(f"warmup must be in [0, n_customers), got {warmup!r}")

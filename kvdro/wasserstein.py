@@ -37,18 +37,21 @@ from numpy.typing import ArrayLike, NDArray
 
 from kvdro.newsvendor import (
     _finite_scalar,
+    _real_array,
     as_samples,
     check_costs,
     expected_cost,
     loss,
     saa_reservation,
     solve_lp,
+    support_bound,
 )
 
 __all__ = [
     "DROProblem",
     "DualProblem",
     "PrimalProblem",
+    "BufferPiece",
     "RegimeLine",
     "RobustBuffer",
     "SaddlePoint",
@@ -58,8 +61,10 @@ __all__ = [
     "dual_problem",
     "primal_problem",
     "regime_lines",
+    "robust_buffer_path",
     "saa_threshold_radius",
     "saddle_distribution",
+    "transport_room",
     "worst_case_cost",
     "worst_case_cost_many",
     "worst_case_distribution",
@@ -76,15 +81,16 @@ def _inputs(samples: ArrayLike, c_p: float, c_w: float, eps: float, L_max: float
     With ``merge`` equal samples are merged into one value weighted by its frequency (exact for
     every formula here, and much smaller for integer token counts); without, each sample has 1/N.
     """
-    x = as_samples(samples, L_max)
+    L = support_bound(L_max)  # required here: the ball (5) lives on [0, L_max]
+    x = as_samples(samples, L)
     c_p, c_w = check_costs(c_p, c_w)
     e = _finite_scalar(eps, "eps")
     if e < 0:
         raise ValueError(f"eps must be non-negative, got {eps!r}")
     if not merge:
-        return x, np.full(x.size, 1.0 / x.size), c_p, c_w, e, float(L_max)
+        return x, np.full(x.size, 1.0 / x.size), c_p, c_w, e, L
     values, counts = np.unique(x, return_counts=True)
-    return values, counts / x.size, c_p, c_w, e, float(L_max)
+    return values, counts / x.size, c_p, c_w, e, L
 
 
 def _eta(eta: float) -> float:
@@ -146,7 +152,7 @@ def worst_case_cost_many(
     Equal to (8a)'s inner term ``min_gamma gamma eps + mean_n theta_n`` under (8c)-(8g) for each
     buffer. Cost: one sort of ``2 x (distinct samples)`` knapsack segments per buffer, vectorised.
     """
-    etas_arr = np.asarray(etas, dtype=np.float64)
+    etas_arr = _real_array(etas, "etas")
     shape = etas_arr.shape
     flat = etas_arr.ravel()
     if not np.all(np.isfinite(flat)):
@@ -255,8 +261,8 @@ def primal_problem(
     """
     values, weights, c_p, c_w, e, L = _inputs(samples, c_p, c_w, eps, L_max)
     b = _eta(eta)
-    if int(grid_size) < 2:
-        raise ValueError(f"grid_size must be at least 2, got {grid_size!r}")
+    if isinstance(grid_size, (bool, np.bool_)) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
+        raise ValueError(f"grid_size must be an integer >= 2, got {grid_size!r}")
     extra = [b] if 0.0 <= b <= L else []
     atoms = np.unique(np.concatenate([np.linspace(0.0, L, int(grid_size)), values, extra]))
     distance = np.abs(atoms[None, :] - values[:, None])
@@ -385,54 +391,120 @@ class RobustBuffer:
 def regime_lines(samples: ArrayLike, c_p: float, c_w: float, L_max: float) -> tuple[RegimeLine, ...]:
     """The (at most three) affine pieces of ``V(eps) = min_eta WC(eta)``, largest ``gamma`` first.
 
-    For a fixed ``gamma`` the constraints (8c)-(8f) of sample ``x`` collapse to
-    ``theta >= max(c_p (a - eta), c_w (eta - b))`` with ``a = x + (1 - gamma/c_p)^+ (L_max - x)``,
-    ``b = x - (1 - gamma/c_w)^+ x``; that is the newsvendor loss at ``k = (c_p a + c_w b)/(c_p+c_w)``
-    plus the constant ``c_p c_w (a - b)/(c_p + c_w)``. ``k = A + B x`` is increasing affine in
-    ``x``, so the best buffer is ``A + B eta_SAA`` (critical fractile (9) of the moved samples), and
-    the dual value is ``B V_SAA + const``: linear in ``gamma`` between the kinks ``c_p``, ``c_w``.
-    Hence the optimal ``gamma`` is one of ``max(c_p,c_w)``, ``min(c_p,c_w)``, 0, giving the lines
+    Chapter 3, Lemma "at a fixed price" and Theorem "three values". For a fixed ``gamma`` the
+    constraints (8c)-(8f) of sample ``x`` collapse to ``theta >= max(c_p (up - eta), c_w (eta - down))``
+    with ``up = x + (1 - gamma/c_p)^+ (L_max - x)`` and ``down = x - (1 - gamma/c_w)^+ x``: the
+    newsvendor loss at the moved sample ``x~ = (c_p up + c_w down)/(c_p + c_w)`` plus the constant
+    ``c_p c_w (up - down)/(c_p + c_w)``. ``x~ = phi + omega x`` is increasing affine in ``x``
+    (shift ``phi(gamma)`` [tokens], slope ``omega(gamma)`` in [0, 1]), so the best buffer is
+    ``phi + omega eta_SAA`` (the critical fractile (9) of the moved samples) and the dual value is
+    ``omega V_SAA + const``: linear in ``gamma`` between the kinks ``c_p`` and ``c_w``. Hence the
+    optimal ``gamma`` is one of ``max(c_p,c_w)``, ``min(c_p,c_w)``, 0 (two values when
+    ``c_p == c_w``), giving the lines, with ``q* = rho/(rho+1)``:
 
-    * ``gamma = max``: the SAA buffer, cost ``V_SAA + max(c_p,c_w) eps``;
-    * ``gamma = min``: (for ``rho > 1``) ``eta = ((rho-1) L_max + 2 eta_SAA)/(rho+1)``;
-    * ``gamma = 0``: the box-robust buffer ``rho/(rho+1) L_max``, cost ``c_p c_w L_max/(c_p+c_w)``.
+    * ``gamma = max(c_p, c_w)``: the SAA buffer, cost ``V_SAA + max(c_p,c_w) eps``;
+    * ``gamma = min(c_p, c_w)`` (only for ``rho != 1``): for ``rho > 1`` the buffer
+      ``eta_SAA + (2 q* - 1)(L_max - eta_SAA)``, for ``rho < 1`` the buffer ``2 q* eta_SAA``;
+    * ``gamma = 0``: the box-robust buffer ``q* L_max``, cost ``q* c_w L_max``.
     """
-    x = as_samples(samples, L_max)
+    L = support_bound(L_max)
+    x = as_samples(samples, L)
     c_p, c_w = check_costs(c_p, c_w, positive=True)
-    L = float(L_max)
     eta_saa = saa_reservation(x, c_p, c_w)
     v_saa = expected_cost(x, eta_saa, c_p, c_w)
-    mu = float(np.mean(x))
+    mean = float(np.mean(x))
     total = c_p + c_w
     lines = []
     for gamma in sorted({max(c_p, c_w), min(c_p, c_w), 0.0}, reverse=True):
         up, down = max(c_p - gamma, 0.0), max(c_w - gamma, 0.0)
-        slope_b = 1.0 - (up + down) / total
-        shift_a = up * L / total
-        eta = shift_a + slope_b * eta_saa if slope_b > 0 else c_p * L / total
-        intercept = slope_b * v_saa + (c_w * up * (L - mu) + c_p * down * mu) / total
+        omega = 1.0 - (up + down) / total
+        phi = up * L / total
+        eta = phi + omega * eta_saa if omega > 0 else c_p * L / total
+        intercept = omega * v_saa + (c_w * up * (L - mean) + c_p * down * mean) / total
         lines.append(RegimeLine(gamma=gamma, eta=float(eta), intercept=float(intercept)))
     return tuple(lines)
+
+
+def transport_room(samples: ArrayLike, c_p: float, c_w: float, L_max: float) -> tuple[float, float]:
+    """The adversary's room above and below the SAA buffer, ``(room_up, room_down)`` [tokens].
+
+    ``room_up = integral_{eta_SAA}^{L_max} (F_N(t) - q*) dt = (g_N(L_max) - V_SAA)/(c_p + c_w)`` is
+    the transport that pushes the mass above the SAA buffer up to ``L_max`` while ``eta_SAA`` stays a
+    ``q*``-quantile; ``room_down = integral_0^{eta_SAA} (q* - F_N(t)) dt = (g_N(0) - V_SAA)/(c_p + c_w)``
+    pushes the mass below it down to 0. ``g_N`` is the SAA cost, ``V_SAA`` its minimum; both rooms
+    are >= 0 and do not depend on which SAA-optimal buffer is taken (chapter 1's excess-cost formula).
+    """
+    L = support_bound(L_max)
+    x = as_samples(samples, L)
+    c_p, c_w = check_costs(c_p, c_w, positive=True)
+    v_saa = expected_cost(x, saa_reservation(x, c_p, c_w), c_p, c_w)
+    total = c_p + c_w
+    room_up = (expected_cost(x, L, c_p, c_w) - v_saa) / total
+    room_down = (expected_cost(x, 0.0, c_p, c_w) - v_saa) / total
+    return max(room_up, 0.0), max(room_down, 0.0)
 
 
 def saa_threshold_radius(samples: ArrayLike, c_p: float, c_w: float, L_max: float) -> float:
     """Largest radius ``eps*`` (tokens) with robust value ``V_SAA + max(c_p, c_w) eps``.
 
-    For ``eps <= eps*`` the SAA buffer is robust-optimal; beyond, it is not (unless another
-    line's buffer happens to coincide with it). For ``c_p >= c_w`` (rho >= 1)
+    For ``eps <= eps*`` the SAA buffer is robust-optimal; beyond, it is not (unless another regime's
+    buffer happens to coincide with it). With the rooms of :func:`transport_room` (chapter 3,
+    Corollary "when the robust buffer is the SAA buffer"):
 
-        eps* = min( (SAA(L_max) - V_SAA)/(c_p + c_w),  (c_p c_w L_max/(c_p+c_w) - V_SAA)/c_p )
-
-    and ``(SAA(L_max) - V_SAA)/(c_p + c_w) = integral_{eta_SAA}^{L_max} (F_N(t) - q*) dt``.
+    * ``rho > 1``: ``eps* = room_up`` (the other candidate, the crossing with the box-robust line
+      ``(q* c_w L_max - V_SAA)/c_p = room_up + room_down/rho``, never comes first);
+    * ``rho = 1``: ``eps* = room_up + room_down = L_max/2 - V_SAA/c_w`` (only two lines);
+    * ``rho < 1``: ``eps* = room_down`` (the mirror image of ``rho > 1``).
     """
-    lines = regime_lines(samples, c_p, c_w, L_max)
-    saa_line, others = lines[0], lines[1:]
-    radii = [
-        (line.intercept - saa_line.intercept) / (saa_line.gamma - line.gamma)
-        for line in others
-        if saa_line.gamma > line.gamma
-    ]
-    return float(max(min(radii), 0.0)) if radii else math.inf
+    c_p, c_w = check_costs(c_p, c_w, positive=True)
+    room_up, room_down = transport_room(samples, c_p, c_w, L_max)
+    if c_p > c_w:
+        return room_up
+    if c_p < c_w:
+        return room_down
+    return room_up + room_down
+
+
+@dataclass(frozen=True)
+class BufferPiece:
+    """On radii ``eps_from < eps <= eps_to`` [tokens] the robust buffer is ``eta`` [tokens], with price
+    ``gamma``; the first piece includes ``eps = 0`` and the last has ``eps_to = inf``."""
+
+    eps_from: float
+    eps_to: float
+    gamma: float
+    eta: float
+
+
+def robust_buffer_path(samples: ArrayLike, c_p: float, c_w: float, L_max: float) -> tuple[BufferPiece, ...]:
+    """The robust buffer as a function of the radius: the lower envelope of :func:`regime_lines`.
+
+    Piecewise constant with at most three pieces (two for ``rho = 1``): the SAA buffer up to
+    :func:`saa_threshold_radius`, then (for ``rho != 1``) the middle buffer, then the box-robust
+    ``q* L_max``. At a radius where two lines cross, the piece of the larger ``gamma`` is used (as
+    :func:`dro_solution` does). The first piece is always there, possibly with ``eps_to = 0``.
+    """
+    lines = regime_lines(samples, c_p, c_w, L_max)  # largest gamma first
+    lowest = min(line.intercept for line in lines)
+    # at eps = 0 the SAA line is lowest; rounding may tie it with another line: prefer the larger gamma
+    current = next(j for j, line in enumerate(lines) if line.intercept <= lowest * (1 + 1e-12) + 1e-300)
+    pieces: list[BufferPiece] = []
+    start = 0.0
+    while True:
+        line = lines[current]
+        crossings = [
+            (max((other.intercept - line.intercept) / (line.gamma - other.gamma), start), -other.gamma, j)
+            for j, other in enumerate(lines)
+            if other.gamma < line.gamma
+        ]
+        if not crossings:
+            pieces.append(BufferPiece(start, math.inf, line.gamma, line.eta))
+            return tuple(pieces)
+        end, _, nxt = min(crossings)
+        if end - start > 1e-12 * max(abs(end), 1.0) or not pieces:  # skip pieces of zero length
+            pieces.append(BufferPiece(start, float(end), line.gamma, line.eta))
+            start = float(end)
+        current = nxt
 
 
 def dro_solution(

@@ -85,11 +85,40 @@ def _int_samples(values: object, argument: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
+def _is_number(x: object) -> bool:
+    """An int/float/numpy number; not a bool, a string or None (which ``float()`` would accept or choke on)."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
 def _positive(x: float, argument: str, *, allow_zero: bool = False) -> float:
+    need = "non-negative" if allow_zero else "positive"
+    if not _is_number(x):
+        raise ValueError(f"{argument}: must be a finite {need} number, got {x!r} ({type(x).__name__})")
     x = float(x)
     if not math.isfinite(x) or x < 0 or (x == 0 and not allow_zero):
-        raise ValueError(f"{argument}: must be a finite {'non-negative' if allow_zero else 'positive'} number, got {x}")
+        raise ValueError(f"{argument}: must be a finite {need} number, got {x}")
     return x
+
+
+def _integer(n: object, argument: str, *, minimum: int = 0) -> int:
+    """An integer >= ``minimum`` (a Python or numpy int; not a bool, float or string)."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < minimum:
+        raise ValueError(f"{argument}: must be an integer >= {minimum}, got {n!r}")
+    return int(n)
+
+
+def _numbers(values: object, argument: str) -> np.ndarray:
+    """A float array from numbers only (strings and booleans are rejected, not converted)."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "iuf":
+        raise ValueError(f"{argument}: must be an array of numbers, got dtype {a.dtype}")
+    return a.astype(float)
+
+
+def _rng(rng: object) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError("rng: pass a numpy.random.Generator")
+    return rng
 
 
 def default_slo_s(mean_output_tokens: float) -> float:
@@ -134,6 +163,8 @@ class RequestClass:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("name: must be a non-empty string")
         set_ = object.__setattr__
+        if self.max_output_tokens is not None:
+            _integer(self.max_output_tokens, "max_output_tokens", minimum=1)
         set_(self, "arrival_rate", _positive(self.arrival_rate, "arrival_rate"))
         set_(self, "input_tokens", _readonly(_int_samples(self.input_tokens, "input_tokens")))
         set_(self, "output_tokens", _readonly(_int_samples(self.output_tokens, "output_tokens")))
@@ -173,9 +204,8 @@ class RequestClass:
 
         ``L_max``, ``L_pre`` and ``D`` are kept, so a subsample has the same support as its parent.
         """
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError("rng: pass a numpy.random.Generator")
-        if not isinstance(n, (int, np.integer)) or not 1 <= n <= self.n_samples:
+        _rng(rng)
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 1 <= n <= self.n_samples:
             raise ValueError(f"n: must be an integer in [1, {self.n_samples}], got {n!r}")
         idx = rng.choice(self.n_samples, size=int(n), replace=False)
         m = self.input_tokens.size
@@ -210,7 +240,10 @@ def _check_tidy(df: pd.DataFrame, argument: str = "df") -> None:
 
 def interarrival_cv(arrival_s: object) -> float:
     """Coefficient of variation (std / mean) of the gaps between sorted arrival times [s]."""
-    t = np.sort(np.asarray(arrival_s, dtype=float))
+    t = np.asarray(arrival_s)
+    if t.ndim != 1 or t.dtype.kind not in "iuf":
+        raise ValueError("arrival_s: must be a 1-D array of numbers (seconds)")
+    t = np.sort(t.astype(float))
     if t.size < 3 or not np.all(np.isfinite(t)):
         raise ValueError("arrival_s: need at least 3 finite arrival times")
     gaps = np.diff(t)
@@ -274,8 +307,7 @@ def split_by_input_quantile(df: pd.DataFrame, n_buckets: int = 3) -> pd.DataFram
     then; the output length is not (that is the point of the book).
     """
     _check_tidy(df)
-    if not isinstance(n_buckets, (int, np.integer)) or n_buckets < 1:
-        raise ValueError(f"n_buckets: must be a positive integer, got {n_buckets!r}")
+    _integer(n_buckets, "n_buckets", minimum=1)
     labels = ["short", "medium", "long"] if n_buckets == 3 else [f"q{k + 1}" for k in range(n_buckets)]
     out = df.copy()
     edges: dict[str, list[float]] = {}
@@ -328,11 +360,11 @@ class LengthModel:
             raise ValueError("mu: must be finite")
         if np.any(s <= 0) or not np.all(np.isfinite(s)):
             raise ValueError("sigma: must be positive and finite")
-        if int(self.low) != self.low or self.low < 1:
+        if not _is_number(self.low) or int(self.low) != self.low or self.low < 1:
             raise ValueError(f"low: must be an integer >= 1 [tokens], got {self.low!r}")
-        if int(self.high) != self.high or self.high < self.low:
+        if not _is_number(self.high) or int(self.high) != self.high or self.high < self.low:
             raise ValueError(f"high: must be an integer >= low={self.low}, got {self.high!r}")
-        if not 0.0 <= float(self.cap_mass) < 1.0:
+        if not _is_number(self.cap_mass) or not 0.0 <= float(self.cap_mass) < 1.0:
             raise ValueError(f"cap_mass: must lie in [0, 1), got {self.cap_mass!r}")
         object.__setattr__(self, "cap_mass", float(self.cap_mass))
         object.__setattr__(self, "weights", tuple(float(v) for v in w))
@@ -354,7 +386,7 @@ class LengthModel:
 
     def cdf(self, x: object) -> np.ndarray:
         """P(length <= x) for token counts ``x`` (a step function of the integers)."""
-        xx = np.floor(np.asarray(x, dtype=float))
+        xx = np.floor(_numbers(x, "x"))
         m, s = np.asarray(self.mu), np.asarray(self.sigma)
         a, _, mass = self._bounds()
         z = np.log(np.clip(xx, self.low - 1, self.high) + 0.5)[..., None]
@@ -364,7 +396,7 @@ class LengthModel:
 
     def quantile(self, q: object) -> np.ndarray:
         """Smallest integer length x [tokens] with ``cdf(x) >= q``."""
-        qq = np.asarray(q, dtype=float)
+        qq = _numbers(q, "q")
         if np.any((qq < 0) | (qq > 1)) or not np.all(np.isfinite(qq)):
             raise ValueError("q: probabilities must lie in [0, 1]")
         grid = np.arange(self.low, self.high + 1)
@@ -380,10 +412,8 @@ class LengthModel:
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` integer lengths [tokens] drawn with ``rng``."""
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError("rng: pass a numpy.random.Generator")
-        if not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n: must be a non-negative integer, got {n!r}")
+        _rng(rng)
+        _integer(n, "n")
         a, b, mass = self._bounds()
         comp = rng.choice(self.n_components, size=int(n), p=mass / mass.sum())
         u = rng.uniform(special.ndtr(a[comp]), special.ndtr(b[comp]))
@@ -396,7 +426,7 @@ class LengthModel:
     def scaled(self, factor: float, *, high: int | None = None) -> LengthModel:
         """The distribution of ``factor * Y`` (medians times ``factor``), re-truncated to ``[low, high]``."""
         f = _positive(factor, "factor")
-        new_high = max(self.low, round(self.high * f)) if high is None else int(high)
+        new_high = max(self.low, round(self.high * f)) if high is None else _integer(high, "high", minimum=1)
         return replace(self, mu=tuple(m + math.log(f) for m in self.mu), high=new_high)
 
 
@@ -461,14 +491,18 @@ def fit_length_model(
         raise ValueError("samples: lengths must be >= 1 token to take logs")
     if x.size < 10:
         raise ValueError(f"samples: need at least 10 lengths to fit, got {x.size}")
-    lo = int(x.min()) if low is None else int(low)
-    hi = int(x.max()) if high is None else int(high)
+    lo = int(x.min()) if low is None else _integer(low, "low", minimum=1)
+    hi = int(x.max()) if high is None else _integer(high, "high", minimum=1)
+    _integer(max_components, "max_components", minimum=1)
+    _integer(max_iter, "max_iter", minimum=1)
+    _positive(tol, "tol")
+    _positive(sigma_floor, "sigma_floor")
     if lo > x.min() or hi < x.max():
         raise ValueError(f"low/high: [{lo}, {hi}] must contain every sample [{x.min()}, {x.max()}]")
     if cap_tokens is None:
         window = max(1, math.ceil(0.001 * hi))
         cap_tokens = window if np.mean(x >= hi - window) >= 0.01 else 0
-    if not isinstance(cap_tokens, (int, np.integer)) or cap_tokens < 0:
+    if isinstance(cap_tokens, (bool, np.bool_)) or not isinstance(cap_tokens, (int, np.integer)) or cap_tokens < 0:
         raise ValueError(f"cap_tokens: must be a non-negative integer or None, got {cap_tokens!r}")
     at_cap = x >= hi - cap_tokens
     cap_mass = float(at_cap.mean()) if at_cap.mean() >= 0.01 and hi == x.max() else 0.0
@@ -478,9 +512,9 @@ def fit_length_model(
             raise ValueError("samples: fewer than 10 lengths below the point mass at the top")
     values, counts = np.unique(x, return_counts=True)
     logx = np.log(values.astype(float))
+    if n_components is not None:
+        _integer(n_components, "n_components", minimum=1)
     ks = [n_components] if n_components is not None else list(range(1, max_components + 1))
-    if any(not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
-        raise ValueError(f"n_components: must be a positive integer, got {n_components!r}")
     best: tuple[float, LengthModel] | None = None
     for k in ks:
         w, mu, sd, ll = _em_lognormal_mixture(logx, counts.astype(float), int(k), max_iter=max_iter, tol=tol, sigma_floor=sigma_floor)
@@ -518,6 +552,11 @@ class ClassModel:
     slo_s: float
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("name: must be a non-empty string")
+        for field in ("input_model", "output_model"):
+            if not isinstance(getattr(self, field), LengthModel):
+                raise ValueError(f"{field}: must be a LengthModel, got {type(getattr(self, field)).__name__}")
         _positive(self.arrival_rate, "arrival_rate")
         _positive(self.interarrival_cv, "interarrival_cv", allow_zero=True)
         _positive(self.prefix_tokens, "prefix_tokens", allow_zero=True)
@@ -546,6 +585,8 @@ class ClassModel:
     @classmethod
     def from_dict(cls, d: Mapping) -> ClassModel:
         """Rebuild from :meth:`to_dict` output."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"d: must be a mapping from to_dict, got {type(d).__name__}")
         try:
             return cls(
                 name=d["name"],
@@ -568,6 +609,7 @@ def fit_class_model(rc: RequestClass, *, max_components: int = 8) -> ClassModel:
     """
     if not isinstance(rc, RequestClass):
         raise ValueError("rc: must be a RequestClass")
+    _integer(max_components, "max_components", minimum=1)
     return ClassModel(
         name=rc.name,
         arrival_rate=rc.arrival_rate,
@@ -581,18 +623,24 @@ def fit_class_model(rc: RequestClass, *, max_components: int = 8) -> ClassModel:
     )
 
 
+def _class_models(models: object, argument: str) -> None:
+    if isinstance(models, (str, bytes)) or not isinstance(models, Sequence) or len(models) == 0:
+        raise ValueError(f"{argument}: need a non-empty sequence of ClassModel")
+    bad = [type(m).__name__ for m in models if not isinstance(m, ClassModel)]
+    if bad:
+        raise ValueError(f"{argument}: every item must be a ClassModel, found {bad[0]}")
+
+
 def gamma_interarrivals(n: int, rate: float, cv: float, rng: np.random.Generator) -> np.ndarray:
     """``n`` Gamma inter-arrival times [s] with mean ``1/rate`` and coefficient of variation ``cv``.
 
     Shape ``k = 1/cv**2``, scale ``1/(rate k)``; ``cv = 1`` gives a Poisson process and ``cv = 0``
     evenly spaced arrivals.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng: pass a numpy.random.Generator")
+    _rng(rng)
     r = _positive(rate, "rate")
     c = _positive(cv, "cv", allow_zero=True)
-    if not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n: must be a non-negative integer, got {n!r}")
+    _integer(n, "n")
     if c == 0:
         return np.full(int(n), 1.0 / r)
     k = 1.0 / c**2
@@ -608,11 +656,9 @@ def synthesize_trace(
     stationary-ish random phase (the first arrival is one inter-arrival time after 0), with lengths
     drawn from its length models. Arrival times are *not* shifted to start at 0.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng: pass a numpy.random.Generator")
+    _rng(rng)
     dur = _positive(duration_s, "duration_s")
-    if len(models) == 0:
-        raise ValueError("models: need at least one ClassModel")
+    _class_models(models, "models")
     parts = []
     for m in models:
         times: list[np.ndarray] = []
@@ -661,14 +707,14 @@ def synthetic_classes(
     new mean input) and ``D`` is recomputed with :func:`default_slo_s` from the new mean output.
     Names are ``f"{base}-s{j:02d}"``.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng: pass a numpy.random.Generator")
-    if len(base) == 0:
-        raise ValueError("base: need at least one ClassModel")
-    if not isinstance(n_classes, (int, np.integer)) or n_classes < 1:
-        raise ValueError(f"n_classes: must be a positive integer, got {n_classes!r}")
-    for arg, (lo, hi) in {"length_scale": length_scale, "rate_scale": rate_scale, "cv_scale": cv_scale}.items():
-        if not (0 < lo <= hi < math.inf):
+    _rng(rng)
+    _class_models(base, "base")
+    _integer(n_classes, "n_classes", minimum=1)
+    _integer(max_output_tokens, "max_output_tokens", minimum=1)
+    _integer(max_input_tokens, "max_input_tokens", minimum=1)
+    for arg, pair in {"length_scale": length_scale, "rate_scale": rate_scale, "cv_scale": cv_scale}.items():
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(_is_number(v) for v in pair)
+                and 0 < pair[0] <= pair[1] < math.inf):
             raise ValueError(f"{arg}: must be (low, high) with 0 < low <= high")
 
     def log_uniform(lo: float, hi: float) -> float:
@@ -713,9 +759,7 @@ def shift_outputs(output_tokens: object, s: float, *, max_output_tokens: int | N
     factor = _positive(s, "s")
     y = np.maximum(1, np.rint(factor * x)).astype(np.int64)
     if max_output_tokens is not None:
-        if int(max_output_tokens) != max_output_tokens or max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens: must be a positive integer, got {max_output_tokens!r}")
-        y = np.minimum(y, int(max_output_tokens))
+        y = np.minimum(y, _integer(max_output_tokens, "max_output_tokens", minimum=1))
     return y
 
 
@@ -740,12 +784,19 @@ def shift_trace(df: pd.DataFrame, s: float, *, max_output_tokens: int | None = N
 
 def save_class_models(models: Sequence[ClassModel], path: str | os.PathLike[str], *, meta: Mapping | None = None) -> None:
     """Write class models (and optional metadata) to a JSON file."""
+    _class_models(models, "models")
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: must be a file path, got {type(path).__name__}")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise ValueError(f"meta: must be a mapping or None, got {type(meta).__name__}")
     payload = {"meta": dict(meta or {}), "classes": [m.to_dict() for m in models]}
     Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def load_class_models(path: str | os.PathLike[str]) -> tuple[ClassModel, ...]:
     """Read class models written by :func:`save_class_models`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: must be a file path, got {type(path).__name__}")
     p = Path(path)
     try:
         payload = json.loads(p.read_text())

@@ -10,13 +10,28 @@ disabled (a dead proxy and a resolver that finds nothing). In the DOM after scri
 The static HTML is also checked: no script is loaded from another host, and no cell output is a
 traceback (IPython prints, rather than raises, an exception thrown while *displaying* a chart).
 
+Layout, measured in the browser (an iframe of the given width around a copy of the page that
+measures itself once charts and MathJax are done):
+
+* at a laptop window (1280 px) no display equation and no chart reaches outside the article's text
+  column (a cut-off equation or a chart whose legend hides behind a scrollbar fails);
+* at a phone width (400 px) nothing inside the article is clipped (an element that hides overflow
+  while its content is wider, or content sticking out of the screen with no scroll container to
+  reach it); a wide display equation may scroll.
+
+A self-test injects a too-wide equation and chart into a copy of a built page and checks that the
+measurement reports both, so the layout tests cannot pass by measuring nothing.
+
 Run by ``make test`` after ``make book``. Without a built book the tests skip, unless
-``KVDRO_REQUIRE_BOOK=1`` (set by the Makefile), when they fail. Without Chromium they skip with the
-reason; ``.ci/run`` installs it.
+``KVDRO_REQUIRE_BOOK=1`` (set by the Makefile), when they fail. ``KVDRO_BOOK_HTML`` points the tests
+at another build (e.g. ``jupyter-book build --path-output /tmp/jb`` -> ``/tmp/jb/_build/html``).
+Without Chromium they skip with the reason; ``.ci/run`` installs it.
 """
 
 from __future__ import annotations
 
+import html as html_lib
+import json
 import os
 import re
 import shutil
@@ -30,7 +45,9 @@ import yaml
 bs4 = pytest.importorskip("bs4")
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "_build" / "html"
+HTML = Path(os.environ.get("KVDRO_BOOK_HTML") or ROOT / "_build" / "html")
+LAPTOP_PX = 1280
+PHONE_PX = 400
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 OFFLINE_FLAGS = [
     "--headless",
@@ -161,3 +178,140 @@ def test_every_solution_is_collapsed(pages):
     n_exercises = sum(len(static_dom(p).select("div.exercise")) for p in pages)
     n_solutions = sum(len(static_dom(p).select("div.solution")) for p in pages)
     assert n_solutions == n_exercises > 0
+
+
+# ------------------------------------------------------------------------------------ layout
+
+MEASURE_JS = r"""
+<script>
+(function () {
+  function rect(el) { const r = el.getBoundingClientRect(); return {left: r.left, right: r.right, width: r.width}; }
+  function describe(el) {
+    let p = el, path = [];
+    for (let i = 0; i < 3 && p; i++) { path.push(p.tagName.toLowerCase() + (p.id ? "#" + p.id : "") + (p.className && p.className.toString ? "." + p.className.toString().trim().split(/\s+/).slice(0, 2).join(".") : "")); p = p.parentElement; }
+    return path.join(" < ") + " '" + (el.textContent || "").trim().slice(0, 50) + "'";
+  }
+  function scrolls(el, stop) {
+    for (let p = el.parentElement; p && p !== stop; p = p.parentElement) {
+      const o = getComputedStyle(p).overflowX;
+      if (o === "auto" || o === "scroll") { return true; }
+    }
+    return false;
+  }
+  function measure() {
+    const art = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
+    const cs = getComputedStyle(art), a = art.getBoundingClientRect();
+    const column = {left: a.left + parseFloat(cs.paddingLeft), right: a.right - parseFloat(cs.paddingRight)};
+    const out = {viewport: window.innerWidth, column: column, charts: [], math: [], clipped: [], offscreen: []};
+    document.querySelectorAll("div.kvdro-chart").forEach(function (c) {
+      const svg = c.querySelector(".kvdro-vega svg") || c.querySelector("svg");
+      out.charts.push(Object.assign({id: c.id}, rect(svg || c)));
+    });
+    document.querySelectorAll("div.math").forEach(function (d) {
+      let left = Infinity, right = -Infinity;
+      d.querySelectorAll("*").forEach(function (e) {
+        if (e.closest(".MJX_Assistive_MathML")) { return; }
+        const r = e.getBoundingClientRect();
+        if (r.width > 0) { left = Math.min(left, r.left); right = Math.max(right, r.right); }
+      });
+      out.math.push({id: d.id || describe(d), left: left, right: right, typeset: right > -Infinity});
+    });
+    const clipping = new Set(), blocks = new Set();
+    art.querySelectorAll("*").forEach(function (el) {
+      if (el.closest(".MJX_Assistive_MathML")) { return; }
+      const s = getComputedStyle(el);
+      if ((s.overflowX === "hidden" || s.overflowX === "clip") && el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) {
+        clipping.add(el);
+        out.clipped.push(describe(el) + " (" + el.scrollWidth + " px in " + el.clientWidth + " px)");
+      }
+    });
+    art.querySelectorAll("*").forEach(function (el) {
+      if (el.children.length || el.closest(".MJX_Assistive_MathML")) { return; }
+      if (el.getBoundingClientRect().right <= window.innerWidth + 1 || scrolls(el, document.body)) { return; }
+      for (let p = el.parentElement; p; p = p.parentElement) { if (clipping.has(p)) { return; } }
+      const block = el.closest("p, li, td, th, pre, table, figure, dd, dt, div.math, div.cell_output") || el;
+      if (!blocks.has(block)) { blocks.add(block); out.offscreen.push(describe(block)); }
+    });
+    parent.postMessage(JSON.stringify(out), "*");
+  }
+  window.addEventListener("load", function () { setTimeout(measure, 8000); });
+})();
+</script>
+"""
+
+WRAPPER = """<!DOCTYPE html><html><body style="margin:0">
+<iframe src="{src}" style="border:0;width:{width}px;height:1000px"></iframe>
+<script>window.addEventListener("message", function (e) {{
+  const p = document.createElement("pre"); p.id = "kvdro-layout"; p.textContent = e.data; document.body.appendChild(p);
+}});</script></body></html>"""
+
+
+def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
+    """Geometry of ``page`` rendered in a ``width`` px wide frame: the article's text column, every
+    chart and display equation (left/right edges, px), and what is clipped (module docstring)."""
+    text = page.read_text(encoding="utf-8")
+    text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
+    if inject:
+        text = text.replace('<article class="bd-article">', '<article class="bd-article">' + inject, 1)
+    text = text.replace("</body>", MEASURE_JS + "</body>", 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / page.name
+        copy.write_text(text, encoding="utf-8")
+        wrapper = Path(tmp) / "wrapper.html"
+        wrapper.write_text(WRAPPER.format(src=copy.as_uri(), width=width), encoding="utf-8")
+        result = subprocess.run(
+            [chromium(), *OFFLINE_FLAGS, "--window-size=1400,1100", "--allow-file-access-from-files",
+             f"--user-data-dir={tmp}/profile", "--dump-dom", wrapper.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    match = re.search(r'<pre id="kvdro-layout">(.*?)</pre>', result.stdout, re.S)
+    assert match, f"{page.name}: no layout measured at {width} px (chromium: {result.stderr[-1000:]})"
+    return json.loads(html_lib.unescape(match.group(1)))
+
+
+def overflows(layout: dict, tolerance: float = 1.0) -> list[str]:
+    """Charts and display equations that reach outside the text column."""
+    col = layout["column"]
+    bad = []
+    for kind in ("charts", "math"):
+        for item in layout[kind]:
+            if kind == "math" and not item["typeset"]:
+                bad.append(f"equation {item['id']} was not typeset")
+            elif item["right"] > col["right"] + tolerance or item["left"] < col["left"] - tolerance:
+                over = max(item["right"] - col["right"], col["left"] - item["left"])
+                bad.append(f"{kind[:-1] if kind == 'charts' else 'equation'} {item['id']}: {over:.0f} px outside the column")
+    return bad
+
+
+def layout_pages(pages: list[Path]) -> list[Path]:
+    return [p for p in pages if static_dom(p).select("div.kvdro-chart, div.math")]
+
+
+def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
+    problems = []
+    for page in layout_pages(pages):
+        layout = measured_layout(page, LAPTOP_PX)
+        problems += [f"{page.name}: {p}" for p in overflows(layout)]
+    assert problems == [], f"at {LAPTOP_PX} px:\n" + "\n".join(problems)
+
+
+def test_nothing_is_clipped_at_phone_width(pages):
+    problems = []
+    for page in layout_pages(pages):
+        layout = measured_layout(page, PHONE_PX)
+        problems += [f"{page.name}: clipped {c}" for c in layout["clipped"]]
+        problems += [f"{page.name}: off the screen {c}" for c in layout["offscreen"]]
+    assert problems == [], f"at {PHONE_PX} px:\n" + "\n".join(problems)
+
+
+def test_layout_measurement_catches_a_wide_equation_and_chart(pages):
+    """Inject an equation and a chart too wide for any column into a copy of a page: both reported."""
+    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
+    wide_math = '<div class="math notranslate nohighlight" id="kvdro-wide-eq">\\[' + " + ".join(f"x_{{{i}}}" for i in range(120)) + "\\]</div>"
+    wide_chart = '<div class="kvdro-chart" id="kvdro-chart-wide" data-kvdro-rendered="vega"><div class="kvdro-vega"><svg width="1500" height="20"></svg></div></div>'
+    layout = measured_layout(page, LAPTOP_PX, inject=wide_math + wide_chart)
+    found = overflows(layout)
+    assert any("kvdro-wide-eq" in f for f in found), found
+    assert any("kvdro-chart-wide" in f for f in found), found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ def empty_dirs(tmp_path, monkeypatch):
     cache.mkdir()
     monkeypatch.setenv("KVDRO_DATA_DIR", str(data))
     monkeypatch.setenv("KVDRO_CACHE_DIR", str(cache))
+    monkeypatch.delenv(datasets.ALLOW_UNVERIFIED_ENV, raising=False)
     calls = []
 
     def offline(url, **kwargs):
@@ -162,14 +164,62 @@ def test_azure_2024_unverified_with_row_limit(empty_dirs):
         "2024-05-10 00:00:01.5+00:00,110,27",
         "2024-05-10 00:00:02.25+00:00,7433,14",
     ]
-    (data / "AzureLLMInferenceTrace_conv_1week.csv").write_text(AZURE_HEADER + "\n".join(rows) + "\n")
+    path = data / "AzureLLMInferenceTrace_conv_1week.csv"
+    path.write_text(AZURE_HEADER + "\n".join(rows) + "\n")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert datasets.REGISTRY["azure-2024-conv"].sha256 is None
-    with pytest.warns(datasets.UnverifiedDataWarning, match="sha256 is"):
-        df = datasets.load_trace("azure-2024-conv", nrows=3)
+    with pytest.warns(datasets.UnverifiedDataWarning, match=f"sha256 is {digest}"):
+        df = datasets.load_trace("azure-2024-conv", nrows=3, allow_unverified=True)
     assert len(df) == 3 and df["request_class"].eq("conversation").all()
     np.testing.assert_allclose(df["arrival_s"], [0.0, 0.021072, 1.49007])
     with pytest.raises(ValueError, match="nrows"):
         datasets.load_trace("azure-2024-conv", nrows=0)
+
+
+@pytest.mark.parametrize("name", ["azure-2024-code", "azure-2024-conv", "burstgpt"])
+def test_unhashed_file_without_opt_in_is_an_error_that_prints_its_hash(empty_dirs, name):
+    data, _, calls = empty_dirs
+    src = datasets.REGISTRY[name]
+    assert src.sha256 is None
+    path = data / src.subfolder / src.filename
+    path.parent.mkdir(parents=True)
+    path.write_text("any content\n")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    for call in (lambda: datasets.fetch(name), lambda: datasets.load_trace(name)):
+        with pytest.raises(datasets.UnverifiedDataError) as info:
+            call()
+        message = str(info.value)
+        assert digest in message and str(path) in message
+        assert "allow_unverified=True" in message and datasets.ALLOW_UNVERIFIED_ENV in message
+    assert isinstance(info.value, ValueError)
+    with pytest.warns(datasets.UnverifiedDataWarning, match=digest):
+        assert datasets.fetch(name, allow_unverified=True) == path
+    assert calls == []
+
+
+def test_unhashed_file_is_not_downloaded_without_opt_in(empty_dirs):
+    _, _, calls = empty_dirs
+    with pytest.raises(datasets.UnverifiedDataError, match="allow_unverified=True"):
+        datasets.fetch("burstgpt")
+    assert calls == []  # refused before any download
+    with pytest.raises(FileNotFoundError):  # opted in: tries the download (offline here)
+        datasets.fetch("burstgpt", allow_unverified=True)
+    assert len(calls) == 1
+
+
+def test_opt_in_argument_and_variable_are_validated(empty_dirs, monkeypatch):
+    with pytest.raises(ValueError, match="allow_unverified"):
+        datasets.fetch("burstgpt", allow_unverified="yes")
+    monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "maybe")
+    with pytest.raises(ValueError, match=datasets.ALLOW_UNVERIFIED_ENV):
+        datasets.fetch("burstgpt")
+    monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "0")
+    with pytest.raises(datasets.UnverifiedDataError):
+        datasets.fetch("burstgpt")
+    # an explicit False wins over the variable
+    monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "1")
+    with pytest.raises(datasets.UnverifiedDataError):
+        datasets.fetch("burstgpt", allow_unverified=False)
 
 
 def _burstgpt_csv(path: Path, rows: list[str]) -> Path:
@@ -178,7 +228,7 @@ def _burstgpt_csv(path: Path, rows: list[str]) -> Path:
     return path
 
 
-def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs):
+def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs, monkeypatch):
     data, _, _ = empty_dirs
     _burstgpt_csv(
         data / "BurstGPT_1.csv",
@@ -190,6 +240,9 @@ def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs):
             "6,4,0.5,ChatGPT,60,30,90,Conversation log",  # out of order on purpose
         ],
     )
+    with pytest.raises(datasets.UnverifiedDataError):
+        datasets.load_trace("burstgpt")  # no opt-in
+    monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "1")  # opt in through the environment
     with pytest.warns(datasets.DroppedRequestsWarning, match="dropped 1 failed"):
         with pytest.warns(datasets.UnverifiedDataWarning):
             df = datasets.load_trace("burstgpt")

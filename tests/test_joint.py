@@ -13,6 +13,8 @@ from scipy.optimize import linprog
 from kvdro.errors import SolverError
 from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig, config_performance
 from kvdro.joint import (
+    FORMULATIONS,
+    LADDER,
     Instance,
     Solution,
     build_milp,
@@ -227,12 +229,19 @@ def tiny():
     return tiny_instance(np.random.default_rng(7))
 
 
-@pytest.mark.parametrize("formulation", ["disaggregated", "mccormick"])
-def test_exact_equals_brute_force(tiny, formulation):
-    bf = brute_force(tiny)
+@pytest.fixture(scope="module")
+def tiny_optimum(tiny):
+    return brute_force(tiny)
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+def test_exact_equals_brute_force(tiny, tiny_optimum, formulation):
+    """Every rung of the ladder reaches the same optimum as brute force (pruned or not)."""
+    bf = tiny_optimum
     sol = solve_exact(tiny, formulation=formulation, prune=False)
     assert sol.status == "optimal"
     assert sol.objective == pytest.approx(bf, rel=1e-6)
+    assert solve_exact(tiny, formulation=formulation, prune=True).objective == pytest.approx(bf, rel=1e-6)
     ev = evaluate(tiny, sol)
     assert ev.feasible
     assert ev.total == pytest.approx(sol.objective, rel=1e-6)  # evaluate == solver objective
@@ -247,12 +256,15 @@ def test_pruning_keeps_the_optimum(tiny):
     assert a.objective == pytest.approx(b.objective, rel=1e-7)
 
 
-def test_relaxations_bound_the_optimum_and_disaggregated_is_tighter(tiny):
+def test_relaxations_bound_the_optimum_and_tighten_up_the_ladder(tiny):
+    """Each rung adds constraints or only re-encodes (ordered), so its LP bound cannot fall."""
     opt = solve_exact(tiny).objective
-    lp_d = solve_relaxation(tiny, formulation="disaggregated", prune=False)
-    lp_m = solve_relaxation(tiny, formulation="mccormick", prune=False)
-    assert lp_m <= lp_d + 1e-6 * abs(opt)
-    assert lp_d <= opt * (1 + 1e-7)
+    bounds = [solve_relaxation(tiny, formulation=f, prune=False) for f in LADDER]
+    assert all(b <= opt * (1 + 1e-7) for b in bounds)
+    assert all(a <= b + 1e-7 * abs(opt) for a, b in zip(bounds, bounds[1:]))
+    assert bounds[0] < bounds[-1]  # McCormick is strictly weaker here
+    # the ordered encoding is a change of variables: the same relaxation as the rung before it
+    assert bounds[-1] == pytest.approx(bounds[-2], rel=1e-7)
 
 
 def test_build_milp_returns_an_inspectable_problem(tiny):
@@ -292,3 +304,58 @@ def test_solve_milp_reports_gap_and_bound(tiny):
     assert res.bound <= res.objective * (1 + 1e-9)
     with pytest.raises(ValueError, match="time_limit"):
         solve_milp(tiny, time_limit=0)
+
+
+# ------------------------------------------------------------------------- band edges (#12)
+
+
+def _at_utilisation(inst: Instance, u: float) -> Solution:
+    """One TP4 group serving part of class a only, at utilisation ``u`` exactly."""
+    T = inst.service_s[0, 1, 0]
+    pi_a = u / (inst.rates[0] * T)
+    assert 0 < pi_a <= 1
+    return Solution(z=[0, 1], r=inst.input_tokens + 16, pi=[[0.0, pi_a], [0.0, 0.0]], delta=[[0, 0], [0, 0]])
+
+
+def test_a_point_just_above_a_band_edge_stays_in_that_band(rng):
+    """The example of issue 12: u 1.6e-7 above an edge used to jump to the next band (W x2.5, total
+    +2.8%) with no violation reported. HiGHS accepts such points as feasible for the lower band, so
+    evaluate must too; a point clearly above (beyond BAND_TOLERANCE) is in the next band."""
+    from kvdro.joint.exact import HIGHS_TOLERANCES
+    from kvdro.joint.serving import BAND_TOLERANCE, band_of
+
+    inst = tiny_instance(rng, classes=tiny_classes(rng, rates=(8.0, 1.5)), waiting_bands=4)
+    edge = band_edges(inst)[1]
+    on, above = evaluate(inst, _at_utilisation(inst, edge)), evaluate(inst, _at_utilisation(inst, edge + 1.6e-7))
+    assert band_of(inst, on.utilisation)[1] == band_of(inst, above.utilisation)[1] == 1
+    assert above.waiting_s[1] == on.waiting_s[1] == pytest.approx(band_waiting_s(inst)[1, 1])
+    assert above.total == pytest.approx(on.total, rel=1e-6)
+    beyond = evaluate(inst, _at_utilisation(inst, edge + 2 * BAND_TOLERANCE))
+    assert beyond.waiting_s[1] == pytest.approx(band_waiting_s(inst)[1, 2]) and beyond.waiting_s[1] > 1.5 * on.waiting_s[1]
+    # the tolerance covers every point HiGHS may return as feasible (its tolerances are passed explicitly)
+    assert BAND_TOLERANCE >= 10 * max(HIGHS_TOLERANCES.values())
+    # at u_max the same tolerance: feasible, last band, no violation
+    top = evaluate(inst, _at_utilisation(inst, inst.u_max + 1e-7))
+    assert top.feasible and np.isfinite(top.waiting_s[1]) and top.violations["utilisation"] == 0.0
+    assert not evaluate(inst, _at_utilisation(inst, inst.u_max + 2 * BAND_TOLERANCE)).feasible
+
+
+def test_solver_points_on_band_edges_score_as_the_solver_scored_them(tiny):
+    """Every optimum the MILP returns is scored by evaluate exactly as the MILP scored it, even when a
+    group's utilisation sits on a band edge (it usually does: the binding edge)."""
+    for formulation in ("disaggregated", "band-cut", "mccormick"):
+        sol = solve_exact(tiny, formulation=formulation)
+        assert evaluate(tiny, sol).total == pytest.approx(sol.objective, rel=1e-7)
+
+
+def test_ladder_specs_are_named_and_consistent():
+    from kvdro.joint import SPECS, Spec
+
+    assert LADDER[0] == "mccormick" and LADDER[-1] == "disaggregated" and set(LADDER) == set(FORMULATIONS)
+    assert all(SPECS[f].label for f in LADDER)
+    with pytest.raises(ValueError, match="formulation"):
+        Spec("mccormick", "mccormick", band_cut=True)  # the band cut needs the state variables
+    with pytest.raises(ValueError, match="formulation"):
+        Spec("mccormick", "disaggregated", route_hull=True)
+    with pytest.raises(ValueError, match="formulation"):
+        Spec("exact", "mccormick")

@@ -51,3 +51,37 @@ def test_small_instance_proven_optimal_and_scored_consistently():
     eta = sol.r - inst.input_tokens
     np.testing.assert_allclose(eta / 16, np.round(eta / 16), atol=1e-9)
     assert inst.gpus @ sol.z <= inst.total_gpus
+
+
+def test_band_edge_example_of_issue_12_on_the_small_instance():
+    """The optimum's groups sit on a band edge; nudging one class's routing so that u rises by 1.6e-7
+    must not move W or the total (it used to: W x2.5, total +2.8%, no violation)."""
+    from kvdro.joint import Solution
+    from kvdro.joint.serving import band_edges
+
+    inst = paper_instance("small", 0)
+    sol = solve_exact(inst)
+    ev = evaluate(inst, sol)
+    edges = band_edges(inst)
+    k = int(np.argmax(ev.utilisation))
+    assert np.min(np.abs(edges - ev.utilisation[k])) < 1e-6  # on an edge
+    T = np.where(sol.delta, inst.service_s[:, :, 1], inst.service_s[:, :, 0])
+    i = int(np.argmax(sol.pi[:, k]))
+    pi = sol.pi.copy()
+    pi[i, k] += 1.6e-7 * sol.z[k] / (inst.rates[i] * T[i, k])
+    nudged = evaluate(inst, Solution(z=sol.z, r=sol.r, pi=pi, delta=sol.delta))
+    assert nudged.utilisation[k] == pytest.approx(ev.utilisation[k] + 1.6e-7, abs=1e-12)
+    np.testing.assert_allclose(nudged.waiting_s, ev.waiting_s)
+    assert nudged.total == pytest.approx(ev.total, rel=1e-5)
+
+
+def test_cached_base_models_equal_a_fresh_fit():
+    """data/paper_base_models.json (the large family's EM fits, cached for speed) is what fitting the
+    traces gives today; `python -m kvdro.bench exact --refit` rewrites it."""
+    from kvdro.joint import paper
+    from kvdro.workload import load_class_models
+
+    assert paper.BASE_MODELS_FILE.exists()
+    cached = load_class_models(paper.BASE_MODELS_FILE)
+    fresh = paper.fit_base_models()
+    assert [m.to_dict() for m in cached] == [m.to_dict() for m in fresh]

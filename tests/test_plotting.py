@@ -56,3 +56,31 @@ def test_spec_cannot_break_out_of_its_script_tag():
     html = plotting.chart_html(spec)
     assert html.count("</script>") == 2, "only the spec's and the loader's own closing tags"
     assert json.loads(html.split('class="kvdro-spec">')[1].split("</script>")[0]) == spec
+
+
+def _six_class_chart(**props) -> alt.Chart:
+    names = ["code-short", "code-medium", "code-long", "conversation-short", "conversation-medium", "conversation-long"]
+    data = pd.DataFrame({"x": list(range(10)) * 6, "y": range(60), "class": [n for n in names for _ in range(10)]})
+    return alt.Chart(data, title="Optimal buffer per class as the cost ratio grows").mark_line().encode(
+        x=alt.X("x:Q", title="cost ratio"), y=alt.Y("y:Q", title="buffer (tokens)"), color=alt.Color("class:N", title="class")
+    ).properties(**props)
+
+
+def test_default_chart_fits_the_text_column_with_axes_and_legend():
+    """A single view with six legend entries and axis titles is WIDTH wide in total, within the column."""
+    plotting.enable()
+    assert plotting.WIDTH <= plotting.COLUMN_PX - 40  # room for the output area's own padding
+    assert plotting.rendered_width(_six_class_chart()) <= plotting.WIDTH
+    assert plotting.rendered_width(_six_class_chart(width=300)) <= 300
+    # without the theme (Altair's default "pad" autosize, legend on the right) the same chart is wider
+    alt.theme.enable("default")
+    try:
+        assert plotting.rendered_width(_six_class_chart(width=plotting.WIDTH)) > plotting.WIDTH + 50
+    finally:
+        plotting.enable()
+
+
+def test_legend_defaults_to_the_bottom():
+    plotting.enable()
+    legend = plotting.kvdro_theme()["config"]["legend"]
+    assert legend["orient"] == "bottom" and legend["columns"] <= 3

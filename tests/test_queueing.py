@@ -71,7 +71,7 @@ def test_service_time_70b_orders_of_magnitude():
     assert 0.14 < q.prefill_time(hw.LLAMA2_70B, perf, 1000) < 0.20
     # batching amortises weights: the work of a decode token at batch 64 is far below one step
     step = hw.step_time(hw.LLAMA2_70B, hw.A100_80GB, ParallelConfig(4, 1), 0, 64, 64 * 1100)
-    per_token = q.decode_time_per_token(hw.LLAMA2_70B, perf, 1100)
+    per_token = q.decode_time_per_token(hw.LLAMA2_70B, perf, 1100, batch=64)
     assert per_token < step / 10
     # (1) omits kernel overheads, so it is below the detailed step model, but within 35%
     assert 0.65 * step / 64 < per_token < step / 64

@@ -163,17 +163,112 @@ def test_threshold_theorem(inst, c_p, c_w):
     assert ws.worst_case_cost(x, eta_saa, c_p, c_w, above, L) > sol.cost * (1 + 1e-12)
 
 
-def test_threshold_formula_for_rho_above_one(rng):
-    """eps* = min(integral_{eta_SAA}^{L} (F_N - q*), (tau c_w L - V_SAA)/c_p) for c_p >= c_w."""
+def _rooms_by_riemann(x, rho, L, n=200_001):
+    """Room above / below the SAA buffer as left Riemann sums of the ECDF (independent of the package)."""
+    eta, q = nv.saa_reservation(x, rho, 1.0), rho / (rho + 1)
+    xs = np.sort(x)
+    t = np.linspace(eta, L, n)
+    f = np.searchsorted(xs, t, side="right") / x.size
+    up = float(np.sum((f[:-1] - q) * np.diff(t)))
+    t = np.linspace(0.0, eta, n)
+    f = np.searchsorted(xs, t, side="right") / x.size
+    down = float(np.sum((q - f[:-1]) * np.diff(t)))
+    return up, down
+
+
+@pytest.mark.parametrize("rho", [0.1, 0.5, 1.0, 2.0, 10.0, 100.0])
+def test_threshold_is_the_room_above_below_or_both(rng, rho):
+    """eps* = room above (rho > 1), room above + room below (rho = 1), room below (rho < 1)."""
     x = rng.integers(1, 400, size=500).astype(float)
     for L in (400.0, 800.0, 4000.0):
-        for rho in (2.0, 10.0, 100.0):
-            eta, q = nv.saa_reservation(x, rho, 1.0), rho / (rho + 1)
-            t = np.linspace(eta, L, 200_001)
-            f = np.searchsorted(np.sort(x), t, side="right") / x.size
-            room = float(np.sum((f[:-1] - q) * np.diff(t)))  # left Riemann sum of a step function
-            box = (rho * L / (rho + 1) - nv.expected_cost(x, eta, rho, 1.0)) / rho
-            assert ws.saa_threshold_radius(x, rho, 1.0, L) == pytest.approx(min(room, box), rel=1e-3)
+        up, down = _rooms_by_riemann(x, rho, L)
+        assert ws.transport_room(x, rho, 1.0, L) == pytest.approx((up, down), rel=1e-3)
+        expected = up if rho > 1 else down if rho < 1 else up + down
+        assert ws.saa_threshold_radius(x, rho, 1.0, L) == pytest.approx(expected, rel=1e-3)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(instances(max_size=25), COSTS, COSTS)
+def test_threshold_is_where_the_saa_line_leaves_the_envelope(inst, c_p, c_w):
+    """The closed form agrees with the crossing of the regime lines, and for rho != 1 the crossing
+    with the box-robust line comes later, by exactly room_down/rho (rho > 1) or rho * room_up (rho < 1)."""
+    x, L, _, _ = inst
+    lines = ws.regime_lines(x, c_p, c_w, L)
+    star = ws.saa_threshold_radius(x, c_p, c_w, L)
+    up, down = ws.transport_room(x, c_p, c_w, L)
+    crossings = [(ln.intercept - lines[0].intercept) / (lines[0].gamma - ln.gamma) for ln in lines[1:]]
+    assert star == pytest.approx(max(min(crossings), 0.0), rel=1e-9, abs=1e-9 * L * max(c_p, c_w))
+    path = ws.robust_buffer_path(x, c_p, c_w, L)
+    assert path[0].eps_to == pytest.approx(star, rel=1e-9, abs=1e-9 * L)
+    box = crossings[-1]  # the gamma = 0 line
+    rho = c_p / c_w
+    if c_p > c_w:
+        assert box - star == pytest.approx(down / rho, rel=1e-9, abs=1e-9 * L)
+    elif c_p < c_w:
+        assert box - star == pytest.approx(rho * up, rel=1e-9, abs=1e-9 * L)
+    else:
+        assert len(lines) == 2
+
+
+def test_threshold_at_rho_one_example_from_the_review():
+    """samples {5, 5, 100, 65}, L_max = 100, rho = 1: eps* = 11.25 (the old rho > 1 formula gave 8.75)."""
+    x, L = [5.0, 5.0, 100.0, 65.0], 100.0
+    eta, v = nv.saa_reservation(x, 1, 1), nv.expected_cost(x, 5.0, 1, 1)
+    assert (eta, v) == (5.0, 38.75)
+    assert ws.transport_room(x, 1, 1, L) == pytest.approx((8.75, 2.5))
+    star = ws.saa_threshold_radius(x, 1, 1, L)
+    assert star == pytest.approx(11.25)
+    for eps in (8.75, 10.0, 11.25):  # still the SAA buffer past the room above
+        sol = ws.dro_solution(x, 1, 1, eps, L)
+        assert sol.eta == 5.0 and sol.cost == pytest.approx(v + eps)
+        assert ws.worst_case_cost(x, 5.0, 1, 1, eps, L) == pytest.approx(v + eps)
+    sol = ws.dro_solution(x, 1, 1, 11.5, L)
+    assert sol.eta == pytest.approx(50.0) and sol.cost == pytest.approx(50.0)
+    assert ws.worst_case_cost(x, 5.0, 1, 1, 11.5, L) > 50.0 + 0.2
+
+
+def test_where_the_buffer_goes_past_the_threshold():
+    """rho > 1: first up by (2q* - 1)(L - eta_SAA), then to q* L, which is *below* eta_SAA when
+    eta_SAA > q* L: samples {90, 95, 100}, L_max = 100, rho = 2, eps = 150 gives 66.7 < 95."""
+    x, L = [90.0, 95.0, 100.0], 100.0
+    path = ws.robust_buffer_path(x, 2, 1, L)
+    q = 2 / 3
+    assert [p.eta for p in path] == pytest.approx([95.0, 95.0 + (2 * q - 1) * 5.0, q * L])
+    assert ws.dro_reservation(x, 2, 1, 150.0, L) == pytest.approx(200 / 3)
+    assert ws.dro_reservation(x, 2, 1, 150.0, L) < nv.saa_reservation(x, 2, 1)
+    # rho < 1: the middle buffer is 2 q* eta_SAA (below SAA), then q* L
+    y = [10.0, 20.0, 30.0, 40.0, 50.0]
+    path = ws.robust_buffer_path(y, 0.5, 1, L)
+    eta = nv.saa_reservation(y, 0.5, 1)
+    assert [p.eta for p in path] == pytest.approx([eta, 2 * (1 / 3) * eta, L / 3])
+
+
+def test_jump_to_the_middle_buffer_vanishes_as_rho_tends_to_one(rng):
+    x = rng.integers(1, 400, size=300).astype(float)
+    L = 500.0
+    jumps = []
+    for rho in (1.5, 1.1, 1.01, 1.001):
+        path = ws.robust_buffer_path(x, rho, 1.0, L)
+        eta = nv.saa_reservation(x, rho, 1.0)
+        assert path[0].eta == eta
+        assert path[1].eta - eta == pytest.approx((rho - 1) / (rho + 1) * (L - eta))
+        jumps.append(path[1].eta - eta)
+    assert np.all(np.diff(jumps) < 0) and jumps[-1] < 0.3
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(instances(max_size=15), COSTS, COSTS)
+def test_buffer_path_agrees_with_dro_solution(inst, c_p, c_w):
+    x, L, _, _ = inst
+    path = ws.robust_buffer_path(x, c_p, c_w, L)
+    assert path[-1].eps_to == math.inf and len(path) <= 3
+    assert all(a.eps_to == b.eps_from for a, b in zip(path, path[1:]))
+    for piece in path:
+        hi = piece.eps_to if math.isfinite(piece.eps_to) else piece.eps_from + L
+        for eps in np.linspace(piece.eps_from, hi, 5)[1:-1]:
+            sol = ws.dro_solution(x, c_p, c_w, eps, L)
+            assert sol.eta == pytest.approx(piece.eta, abs=1e-9 * L) or sol.gamma != piece.gamma
+            assert sol.gamma == piece.gamma
 
 
 def test_unbounded_support_limit(rng):

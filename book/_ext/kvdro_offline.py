@@ -15,6 +15,18 @@ from pathlib import Path
 from sphinx.application import Sphinx
 
 VEGA_FILE = "kvdro-vega.js"
+CSS_FILE = "kvdro-layout.css"
+# MathJax 2 puts class "math" on its own inner spans; pydata-sphinx-theme's rule for MathJax 3
+# (``div.math, span.math {max-width: 100%; overflow: hidden}``) clips them: a display equation wider
+# than a phone's column was cut off and could not be scrolled, and accents such as \hat were cut at
+# every width. Let inline math and MathJax's spans overflow as MathJax intends, make the display box
+# the scroll container, and let long inline code (file paths) wrap (tests/test_browser.py checks that
+# nothing is clipped at a phone width).
+LAYOUT_CSS = """
+span.math, div.math span.math { overflow: visible; max-width: none; }
+div.math > .MathJax_Display { overflow-x: auto; overflow-y: hidden; min-width: 0; }
+.bd-article p code.literal, .bd-article p code.literal span.pre { white-space: normal; overflow-wrap: anywhere; }
+"""
 MATHJAX_DIR = "mathjax"
 MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
 
@@ -60,6 +72,7 @@ def _write_assets(app: Sphinx, exception: Exception | None) -> None:
     static.mkdir(parents=True, exist_ok=True)
     bundle = vl_convert.javascript_bundle(RENDER_SNIPPET)
     (static / VEGA_FILE).write_text("(function () {\n" + bundle + "\n})();\n", encoding="utf-8")
+    (static / CSS_FILE).write_text(LAYOUT_CSS.lstrip(), encoding="utf-8")
     target = static / MATHJAX_DIR
     if not target.exists():
         shutil.copytree(_mathjax_source(), target, ignore=shutil.ignore_patterns("*.md", "LICENSE"))
@@ -95,4 +108,5 @@ def setup(app: Sphinx) -> dict:
     app.connect("html-page-context", _drop_duplicate_inline_scripts, priority=1000)
     app.connect("build-finished", _write_assets)
     app.add_js_file(VEGA_FILE)
+    app.add_css_file(CSS_FILE)
     return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

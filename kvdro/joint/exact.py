@@ -29,15 +29,21 @@ import cvxpy as cp
 import numpy as np
 
 from kvdro.errors import SolverError
-from kvdro.joint.formulations import FORMULATIONS, Formulation, build_milp
+from kvdro.joint.formulations import FORMULATIONS, SPECS, Formulation, Spec, build_milp
 from kvdro.joint.instance import Instance, Solution
-from kvdro.joint.serving import group_state
+from kvdro.joint.serving import BAND_TOLERANCE, group_state
 
 __all__ = ["MilpResult", "solve_milp", "solve_relaxation", "solve_exact"]
 
 #: HiGHS relative MIP gap at which a MILP counts as solved (its default, 1e-4, is too loose for
 #: "proven optimal" comparisons at 1e-6).
 MIP_REL_GAP = 1e-9
+
+#: HiGHS feasibility tolerances (its defaults, set explicitly because
+#: :data:`kvdro.joint.serving.BAND_TOLERANCE` is chosen against them): a point HiGHS accepts violates a
+#: row by at most about this much, so its utilisation is at most this far above the band edge it chose.
+HIGHS_TOLERANCES = {"primal_feasibility_tolerance": 1e-7, "mip_feasibility_tolerance": 1e-6}
+assert BAND_TOLERANCE >= 10 * max(HIGHS_TOLERANCES.values()), "evaluate must accept every HiGHS-feasible band"
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,18 @@ class MilpResult:
     n_constraints: int
 
 
+def _check_solver_args(formulation, time_limit, mip_rel_gap) -> None:
+    if not isinstance(formulation, Spec) and (not isinstance(formulation, str) or formulation not in SPECS):
+        raise ValueError(f"formulation: must be one of {FORMULATIONS} or a Spec, got {formulation!r}")
+    for value, name in ((time_limit, "time_limit"), (mip_rel_gap, "mip_rel_gap")):
+        if isinstance(value, (bool, np.bool_, str, bytes)) or value is None or np.ndim(value) != 0:
+            raise ValueError(f"{name}: must be a number, got {value!r}")
+    if not (np.isfinite(time_limit) and time_limit > 0):
+        raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit!r}")
+    if not (0 <= mip_rel_gap < 1):
+        raise ValueError(f"mip_rel_gap: must be in [0, 1), got {mip_rel_gap!r}")
+
+
 def _highs_info(problem: cp.Problem):
     stats = problem.solver_stats
     return None if stats is None else stats.extra_stats
@@ -79,29 +97,38 @@ def solve_milp(
     relax: bool = False,
     verbose: bool = False,
     node_limit: int | None = None,
+    highs_options: dict | None = None,
 ) -> MilpResult:
     """Solve the MILP of (6)/(8) with HiGHS; report status, bound and gap (never raises on a limit).
 
-    ``relax=True`` solves the LP relaxation instead (its optimum is the root bound of the
-    formulation before HiGHS's presolve and cuts). ``time_limit`` [s] is HiGHS's wall-clock limit;
-    ``node_limit`` caps branch-and-bound nodes, a limit that (unlike time) gives the same result on
-    every machine.
+    ``formulation`` is a name of :data:`kvdro.joint.FORMULATIONS` or a
+    :class:`kvdro.joint.formulations.Spec`. ``relax=True`` solves the LP relaxation instead (its
+    optimum is the root bound of the formulation before HiGHS's presolve and cuts). ``time_limit`` [s]
+    is HiGHS's wall-clock limit; ``node_limit`` caps branch-and-bound nodes, a limit that (unlike
+    time) gives the same result on every machine. ``highs_options`` are passed to HiGHS as they are
+    (e.g. ``{"log_file": path}``); do not pass ``threads`` (HiGHS fixes its thread pool at the first
+    solve of a process and fails later solves that ask for another count).
     """
-    if not (np.isfinite(time_limit) and time_limit > 0):
-        raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit!r}")
-    if not (0 <= mip_rel_gap < 1):
-        raise ValueError(f"mip_rel_gap: must be in [0, 1), got {mip_rel_gap!r}")
+    _check_solver_args(formulation, time_limit, mip_rel_gap)
+    for flag, name in ((prune, "prune"), (relax, "relax"), (verbose, "verbose")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name}: must be True or False, got {flag!r}")
+    if highs_options is not None and not isinstance(highs_options, dict):
+        raise ValueError(f"highs_options: must be a dict of HiGHS options, got {highs_options!r}")
+    if highs_options and "threads" in highs_options:
+        raise ValueError("highs_options: 'threads' cannot be changed after HiGHS's first solve in a process")
     t0 = time.perf_counter()
     model = build_milp(instance, formulation=formulation, relax=relax, prune=prune)
     data = model.problem.get_problem_data(cp.HIGHS)[0]
     n_var = int(data["c"].size)
     n_con = int(data["A"].shape[0])
     build_s = time.perf_counter() - t0
-    opts = {"time_limit": float(time_limit), "random_seed": 0}
+    opts = {"time_limit": float(time_limit), "random_seed": 0, **HIGHS_TOLERANCES}
     if node_limit is not None:
-        if int(node_limit) < 1:
+        if isinstance(node_limit, (bool, np.bool_)) or not isinstance(node_limit, (int, np.integer)) or node_limit < 1:
             raise ValueError(f"node_limit: must be a positive number of nodes, got {node_limit!r}")
         opts["mip_max_nodes"] = int(node_limit)
+    opts.update(highs_options or {})
     if not relax:
         opts["mip_rel_gap"] = float(mip_rel_gap)
     t1 = time.perf_counter()
@@ -131,7 +158,7 @@ def solve_milp(
     run_time = model.problem.solver_stats.solve_time if model.problem.solver_stats is not None else None
     decision = model.decision() if (status == cp.OPTIMAL and not relax) else None
     return MilpResult(
-        formulation=formulation,
+        formulation=model.formulation,
         status=str(status),
         objective=objective,
         bound=bound,
@@ -165,7 +192,10 @@ def solve_exact(
 
     Args:
         instance: the problem.
-        formulation: ``"disaggregated"`` (default, strong) or ``"mccormick"`` (same optimum, weak).
+        formulation: a name of :data:`kvdro.joint.FORMULATIONS` (same optimum, different relaxations
+            and trees): ``"disaggregated"`` (default, the strongest and fastest) down the ladder of
+            chapter 5 to ``"mccormick"`` (the textbook one, weak); or a
+            :class:`kvdro.joint.formulations.Spec`.
         time_limit: HiGHS time limit [s]; hitting it raises SolverError.
         mip_rel_gap: relative gap at which HiGHS declares optimality.
         prune: drop dominated candidate buffers (exact).
@@ -177,8 +207,7 @@ def solve_exact(
     Raises:
         SolverError: HiGHS ends without proven optimality (time limit, numerical trouble, ...).
     """
-    if formulation not in FORMULATIONS:
-        raise ValueError(f"formulation: must be one of {FORMULATIONS}, got {formulation!r}")
+    _check_solver_args(formulation, time_limit, mip_rel_gap)
     t0 = time.perf_counter()
     res = solve_milp(instance, formulation=formulation, time_limit=time_limit, mip_rel_gap=mip_rel_gap, prune=prune)
     if res.status != cp.OPTIMAL or res.decision is None:
@@ -195,5 +224,5 @@ def solve_exact(
         mip_gap=res.mip_gap,
         lower_bound=min(res.bound, res.objective) if np.isfinite(res.bound) else res.objective,
         waiting_s=group_state(instance, z, pi, delta).waiting_s,
-        method=f"exact-{formulation}",
+        method=f"exact-{res.formulation}",
     )

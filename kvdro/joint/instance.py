@@ -52,11 +52,30 @@ PAPER_COSTS = {"c_p": 10.0, "c_w": 1.0, "c_slo": 5.0, "c_rej": 5000.0, "kappa": 
 DEFAULT_C_GPU = 100.0
 
 
-def _finite(value: float, name: str, *, positive: bool = False) -> float:
-    v = float(value)
+def _number(value: object, name: str) -> float:
+    """``value`` as a float; ValueError naming ``name`` for anything that is not a real number
+    (strings -- even ``"5"`` --, booleans, None, arrays)."""
+    if isinstance(value, (bool, np.bool_, str, bytes)) or value is None or np.ndim(value) != 0:
+        raise ValueError(f"{name}: must be a real number, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: must be a real number, got {value!r}") from None
+
+
+def _finite(value: object, name: str, *, positive: bool = False) -> float:
+    v = _number(value, name)
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
         raise ValueError(f"{name}: must be a finite {'positive' if positive else 'non-negative'} number, got {value!r}")
     return v
+
+
+def _whole(value: object, name: str, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``; ValueError naming ``name`` otherwise (no bools, no 2.5, no "8")."""
+    ok = isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
+    if isinstance(value, (bool, np.bool_)) or not ok or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def candidate_buffers(max_output_tokens: int, block_tokens: int = BLOCK_TOKENS) -> np.ndarray:
@@ -64,12 +83,10 @@ def candidate_buffers(max_output_tokens: int, block_tokens: int = BLOCK_TOKENS) 
 
     The last candidate is the first multiple of the block size >= L_max: it never preempts.
     """
-    if isinstance(max_output_tokens, bool) or int(max_output_tokens) != max_output_tokens or max_output_tokens < 0:
-        raise ValueError(f"max_output_tokens: must be a non-negative integer, got {max_output_tokens!r}")
-    if isinstance(block_tokens, bool) or int(block_tokens) != block_tokens or block_tokens < 1:
-        raise ValueError(f"block_tokens: must be a positive integer, got {block_tokens!r}")
-    n = math.ceil(int(max_output_tokens) / int(block_tokens))
-    return (np.arange(n + 1) * int(block_tokens)).astype(float)
+    L_max = _whole(max_output_tokens, "max_output_tokens", minimum=0)
+    block = _whole(block_tokens, "block_tokens", minimum=1)
+    n = math.ceil(L_max / block)
+    return (np.arange(n + 1) * block).astype(float)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +103,7 @@ class Instance:
         eps: Wasserstein radius eps_i per class [tokens] (5); ``None`` -> the paper's 0.15 E[xi_i];
             a single number applies to every class.
         u_max: utilisation cap per serving group (< 1 keeps the waiting time (7) finite).
-        waiting_bands: B, number of utilisation bands of the waiting-time model
+        waiting_bands: |B|, the number of utilisation bands of the waiting-time model
             (:func:`kvdro.joint.serving.band_edges`, :func:`kvdro.joint.serving.waiting_model`).
         model: the served model (for the service time (1)).
         name: a label.
@@ -129,9 +146,7 @@ class Instance:
             if cfg.gpus < 1 or cfg.kv_capacity_tokens <= 0:
                 raise ValueError(f"configs[{k}]: needs gpus >= 1 and a positive KV capacity")
         set_(self, "configs", configs)
-        j = self.total_gpus
-        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or j < 1:
-            raise ValueError(f"total_gpus: must be a positive integer (J), got {j!r}")
+        j = _whole(self.total_gpus, "total_gpus", minimum=1)
         smallest = min(cfg.gpus for cfg in configs)
         if j < smallest:
             raise ValueError(
@@ -143,29 +158,30 @@ class Instance:
             set_(self, name, _finite(getattr(self, name), name, positive=True))
         for name in ("c_gpu", "c_slo", "c_rej", "kappa"):
             set_(self, name, _finite(getattr(self, name), name))
-        u = float(self.u_max)
+        u = _number(self.u_max, "u_max")
         if not (0 < u < 1):
             raise ValueError(f"u_max: must be in (0, 1), got {self.u_max!r}")
         set_(self, "u_max", u)
         if self.eps is None:
             eps = tuple(0.15 * c.mean_output_tokens for c in classes)
-        elif np.ndim(self.eps) == 0:
-            eps = (float(self.eps),) * len(classes)
+        elif isinstance(self.eps, (str, bytes)) or np.ndim(self.eps) == 0:
+            eps = (_number(self.eps, "eps"),) * len(classes)
         else:
-            eps = tuple(float(e) for e in self.eps)
+            if np.ndim(self.eps) != 1:
+                raise ValueError(f"eps: must be None, a number or one number per class, got {self.eps!r}")
+            eps = tuple(_number(e, f"eps[{i}]") for i, e in enumerate(self.eps))
             if len(eps) != len(classes):
                 raise ValueError(f"eps: need one radius per class ({len(classes)}), got {len(eps)}")
         for i, e in enumerate(eps):
             if not math.isfinite(e) or e < 0:
                 raise ValueError(f"eps: radius of class {classes[i].name!r} must be finite and >= 0, got {e!r}")
         set_(self, "eps", eps)
-        if isinstance(self.block_tokens, bool) or int(self.block_tokens) != self.block_tokens or self.block_tokens < 1:
-            raise ValueError(f"block_tokens: must be a positive integer, got {self.block_tokens!r}")
-        B = self.waiting_bands
-        if isinstance(B, bool) or not isinstance(B, (int, np.integer)) or B < 1:
-            raise ValueError(f"waiting_bands: must be a positive integer, got {B!r}")
+        set_(self, "block_tokens", _whole(self.block_tokens, "block_tokens", minimum=1))
+        set_(self, "waiting_bands", _whole(self.waiting_bands, "waiting_bands", minimum=1))
         if not isinstance(self.model, Model):
-            raise ValueError("model: must be a kvdro.hardware.Model")
+            raise ValueError(f"model: must be a kvdro.hardware.Model, got {type(self.model).__name__}")
+        if not isinstance(self.name, str):
+            raise ValueError(f"name: must be a string, got {self.name!r}")
 
     # -- sizes and per-class vectors ------------------------------------------------------------
 
@@ -318,24 +334,28 @@ class Solution:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        z = np.asarray(self.z)
+        z = _real_array(self.z, "z")
         if z.ndim != 1 or not np.all(np.isfinite(z)) or np.any(z != np.round(z)):
             raise ValueError("z: must be a 1-D array of integers (groups per configuration)")
         set_(self, "z", np.round(z).astype(int))
-        r = np.asarray(self.r, dtype=float)
+        r = _real_array(self.r, "r")
         if r.ndim != 1 or not np.all(np.isfinite(r)):
             raise ValueError("r: must be a 1-D array of finite reservations [tokens]")
         set_(self, "r", r)
-        pi = np.asarray(self.pi, dtype=float)
+        pi = _real_array(self.pi, "pi")
         if pi.shape != (r.size, z.size) or not np.all(np.isfinite(pi)):
             raise ValueError(f"pi: must be a finite array of shape (I, K) = ({r.size}, {z.size})")
         set_(self, "pi", pi)
-        d = np.asarray(self.delta)
+        d = _real_array(self.delta, "delta")
         if d.shape != pi.shape or not np.all(np.isin(d, (0, 1))):
             raise ValueError(f"delta: must be a 0/1 array of shape {pi.shape}")
         set_(self, "delta", d.astype(bool))
         if self.waiting_s is not None:
-            set_(self, "waiting_s", np.asarray(self.waiting_s, dtype=float))
+            set_(self, "waiting_s", _real_array(self.waiting_s, "waiting_s"))
+        for a in ("objective", "solve_time_s", "mip_gap", "lower_bound"):
+            set_(self, a, _number(getattr(self, a), a))
+        if not isinstance(self.status, str) or not isinstance(self.method, str):
+            raise ValueError(f"status, method: must be strings, got {self.status!r}, {self.method!r}")
         for a in ("z", "r", "pi", "delta"):
             getattr(self, a).setflags(write=False)
 
@@ -370,6 +390,19 @@ class Solution:
             out["configs"] = [cfg.config.name for cfg in instance.configs]
             out["buffer_tokens"] = [float(v) for v in self.r - instance.input_tokens]
         return out
+
+
+def _real_array(value: object, name: str) -> np.ndarray:
+    """``value`` as a float array; ValueError naming ``name`` for strings, None or ragged input."""
+    if value is None or isinstance(value, (str, bytes)):
+        raise ValueError(f"{name}: must be an array of numbers, got {value!r}")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: must be a (non-ragged) array of numbers, got {value!r}") from None
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name}: must be an array of numbers, got dtype {arr.dtype}")
+    return arr.astype(float)
 
 
 def _num(v: float) -> float | None:

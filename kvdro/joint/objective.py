@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdro.joint.instance import Instance, Solution
-from kvdro.joint.serving import group_state
+from kvdro.joint.serving import BAND_TOLERANCE, group_state
 
 __all__ = ["Evaluation", "evaluate", "TERMS"]
 
@@ -87,12 +87,16 @@ def evaluate(instance: Instance, solution: Solution) -> Evaluation:
     * ``routing_undeployed`` -- traffic routed to a configuration with z_k = 0 (6c);
     * ``routing_sum`` -- amount by which sum_k pi_ik exceeds 1, or pi < 0 (6d);
     * ``memory`` -- largest excess of one group's KV demand over M_k, as a fraction of M_k (6e);
-    * ``utilisation`` -- largest u_k - u_max;
+    * ``utilisation`` -- largest u_k - u_max beyond :data:`kvdro.joint.serving.BAND_TOLERANCE`;
     * ``reservation`` -- tokens by which some r_i falls outside [L_in^i, L_in^i + 16 ceil(L_max^i/16)].
 
     Raises:
         ValueError: if the solution's shapes do not match the instance.
     """
+    if not isinstance(instance, Instance):
+        raise ValueError(f"instance: must be a kvdro.joint.Instance, got {type(instance).__name__}")
+    if not isinstance(solution, Solution):
+        raise ValueError(f"solution: must be a kvdro.joint.Solution, got {type(solution).__name__}")
     I, K = instance.n_classes, instance.n_configs
     if solution.z.shape != (K,) or solution.r.shape != (I,):
         raise ValueError(f"solution: shapes z {solution.z.shape}, r {solution.r.shape} do not match K={K}, I={I}")
@@ -132,7 +136,8 @@ def evaluate(instance: Instance, solution: Solution) -> Evaluation:
         "routing_undeployed": float(pi[:, undeployed].sum()) if undeployed.any() else 0.0,
         "routing_sum": float(max(0.0, np.max(a - 1.0), -np.min(pi))),
         "memory": float(max(0.0, np.max(np.where(undeployed, np.where(mem > 0, np.inf, 0.0), frac - 1.0)))),
-        "utilisation": float(max(0.0, np.max(state.utilisation - instance.u_max))),
+        # within BAND_TOLERANCE of u_max counts as in the last band, as in the MILP (serving.BAND_TOLERANCE)
+        "utilisation": float(max(0.0, np.max(state.utilisation - instance.u_max - BAND_TOLERANCE))),
         "reservation": float(max(0.0, np.max(-eta), np.max(eta - top))),
         "negative_groups": float(max(0, -np.min(z))),
     }

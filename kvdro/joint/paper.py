@@ -21,17 +21,22 @@ copied into the repository.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import warnings
+from dataclasses import fields, replace
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
 from kvdro.hardware import A100_80GB, LLAMA2_70B, PAPER_CONFIGS, config_performance
 from kvdro.joint.instance import Instance
 from kvdro.workload import (
+    ClassModel,
     RequestClass,
     classes_from_trace,
     fit_class_model,
+    load_class_models,
+    save_class_models,
     split_by_input_quantile,
     synthetic_classes,
 )
@@ -63,9 +68,51 @@ def azure_classes() -> tuple[RequestClass, ...]:
     return tuple(parts)
 
 
-@lru_cache(maxsize=1)
-def _base_models():
+#: The EM fits of the six real classes (the base models of the "large" family), cached because
+#: fitting them takes seconds (about 4 s here; the MILP itself takes a few). :func:`write_base_models`
+#: writes the file (``python -m kvdro.bench exact --refit``); a test checks it equals a fresh fit.
+BASE_MODELS_FILE = Path(__file__).resolve().parents[2] / "data" / "paper_base_models.json"
+
+
+def fit_base_models() -> tuple[ClassModel, ...]:
+    """Fit :func:`kvdro.workload.fit_class_model` to each of the six real classes (slow: EM + BIC)."""
     return tuple(fit_class_model(c) for c in azure_classes())
+
+
+def write_base_models(path: Path = BASE_MODELS_FILE) -> Path:
+    """Fit the six base models and write them to ``path`` (JSON of :func:`kvdro.workload.save_class_models`)."""
+    from kvdro.datasets import REGISTRY
+
+    meta = {
+        "made_by": "kvdro.joint.paper.write_base_models (python -m kvdro.bench exact --refit)",
+        "sources": {n: REGISTRY[n].sha256 for n in ("azure-2023-code", "azure-2023-conv")},
+        "note": "fit_class_model of each Azure 2023 class x input bucket, as split by azure_classes()",
+    }
+    save_class_models(fit_base_models(), path, meta=meta)
+    return Path(path)
+
+
+def _cache_matches(models: tuple[ClassModel, ...], classes: tuple[RequestClass, ...]) -> bool:
+    """The cached fits belong to these classes (same names, rates, CVs, L_pre and D)."""
+    return len(models) == len(classes) and all(
+        m.name == c.name
+        and np.isclose(m.arrival_rate, c.arrival_rate, rtol=1e-12)
+        and np.isclose(m.interarrival_cv, c.interarrival_cv, rtol=1e-12)
+        and np.isclose(m.prefix_tokens, float(c.prefix_tokens))
+        and np.isclose(m.slo_s, float(c.slo_s))
+        for m, c in zip(models, classes)
+    )
+
+
+@lru_cache(maxsize=1)
+def _base_models() -> tuple[ClassModel, ...]:
+    classes = azure_classes()
+    if BASE_MODELS_FILE.exists():
+        cached = load_class_models(BASE_MODELS_FILE)
+        if _cache_matches(cached, classes):
+            return cached
+        warnings.warn(f"{BASE_MODELS_FILE} does not match the traces; refitting (write_base_models() updates it)", stacklevel=2)
+    return fit_base_models()
 
 
 def _configs():
@@ -81,12 +128,23 @@ def paper_instance(size: str = "small", seed: int = 0, *, load: float = DEFAULT_
         load: multiplier of the arrival rates (1.0 = the trace's own rates).
         **costs: overrides of :class:`Instance` fields (``c_p``, ``c_gpu``, ``eps``, ``u_max``, ...).
     """
-    if size not in SIZES:
+    if not isinstance(size, str) or size not in SIZES:
         raise ValueError(f"size: must be one of {sorted(SIZES)}, got {size!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
+    if isinstance(load, (bool, np.bool_, str, bytes)) or load is None or np.ndim(load) != 0:
+        raise ValueError(f"load: must be a positive number, got {load!r}")
+    try:
+        load = float(load)
+    except (TypeError, ValueError):
+        raise ValueError(f"load: must be a positive number, got {load!r}") from None
     if not (np.isfinite(load) and load > 0):
         raise ValueError(f"load: must be a positive number, got {load!r}")
+    fixed = {"classes", "configs", "total_gpus", "name"}
+    allowed = {f.name for f in fields(Instance)} - fixed
+    unknown = sorted(set(costs) - allowed)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not an Instance field that paper_instance can override ({sorted(allowed)})")
     n_classes, J, n_samples = SIZES[size]
     rng = np.random.default_rng(int(seed))
     real = azure_classes()

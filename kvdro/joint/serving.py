@@ -55,6 +55,8 @@ __all__ = [
     "band_edges",
     "band_waiting_s",
     "waiting_model",
+    "band_of",
+    "BAND_TOLERANCE",
     "GroupState",
     "group_state",
 ]
@@ -127,21 +129,51 @@ def band_waiting_s(instance) -> np.ndarray:
     return instance.mix_waiting_coefficients[:, None] * (edges / (1.0 - edges))[None, :]
 
 
+#: Tolerance [utilisation, a fraction] with which a utilisation on a band edge counts as inside that
+#: band, in :func:`waiting_model` (and so in :func:`kvdro.joint.evaluate`) and in the utilisation
+#: check of ``evaluate``. The MILP states ``work <= n u_j`` exactly, but HiGHS accepts a point that
+#: violates a row by up to its feasibility tolerances (``primal_feasibility_tolerance`` 1e-7 and
+#: ``mip_feasibility_tolerance`` 1e-6, which :mod:`kvdro.joint.exact` sets explicitly), so a solution it
+#: places in band j may sit up to ~1e-6 above u_j. A tolerance ten times the larger of the two makes
+#: ``evaluate`` put every solver-feasible point in the band the solver chose; a point more than
+#: 1e-5 above an edge is in the next band. (An earlier tolerance of 1e-9 sent a point 1.6e-7 above an
+#: edge to the next band: W jumped by a factor 2.5 with no violation reported.)
+BAND_TOLERANCE = 1e-5
+
+
 def waiting_model(instance, utilisation: np.ndarray) -> np.ndarray:
     """W_k [s] of the exact model: phi_k at the upper edge of u_k's band; 0 if u_k = 0, inf if u_k > u_max.
 
-    A tolerance of 1e-9 keeps a utilisation that sits on an edge in that band.
+    A utilisation up to :data:`BAND_TOLERANCE` above an edge counts as inside that band (and up to it
+    above u_max as inside the last band), so that this function and the MILP agree on the band of
+    every point HiGHS accepts as feasible.
+
+    Raises:
+        ValueError: ``utilisation`` is not one non-negative number (or inf) per configuration.
     """
-    u = np.asarray(utilisation, dtype=float)
+    try:
+        u = np.asarray(utilisation, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"utilisation: must be an array of numbers, got {utilisation!r}") from None
+    if u.shape != (instance.n_configs,) or np.any(np.isnan(u)) or np.any(u < 0):
+        raise ValueError(f"utilisation: need one non-negative number per configuration ({instance.n_configs}), got {utilisation!r}")
     edges = band_edges(instance)
     table = band_waiting_s(instance)
     out = np.zeros(u.shape)
     for k, uk in enumerate(u):
         if uk <= 1e-12:
             continue
-        j = int(np.searchsorted(edges, uk - 1e-9, side="left"))
+        j = int(np.searchsorted(edges, uk - BAND_TOLERANCE, side="left"))
         out[k] = table[k, j] if j < edges.size else np.inf
     return out
+
+
+def band_of(instance, utilisation: np.ndarray) -> np.ndarray:
+    """Index j of the band each u_k falls in (with :data:`BAND_TOLERANCE`); -1 for u_k = 0, B above u_max."""
+    u = np.asarray(utilisation, dtype=float)
+    edges = band_edges(instance)
+    j = np.searchsorted(edges, u - BAND_TOLERANCE, side="left")
+    return np.where(u <= 1e-12, -1, j)
 
 
 @dataclass(frozen=True)
