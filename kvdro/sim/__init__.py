@@ -1,0 +1,50 @@
+"""PagedAttention simulation on the A100 model: a vLLM-semantics engine driven by traces (chapter 7).
+
+Public API::
+
+    from kvdro.sim import POLICIES, Deployment, SimResult, simulate, policy_buffers, \\
+        deployment_from_solution, default_deployment
+
+- :mod:`kvdro.sim.scheduler`        -- the vLLM v0.6 scheduling rules both engines implement
+- :mod:`kvdro.sim.engine_reference` -- step-by-step engine;  :mod:`kvdro.sim.engine_fast` -- event jumping
+- :mod:`kvdro.sim.policies`         -- ``vllm`` and the reservation buffers eta_i (max ... dro, lp1/lp2)
+- :mod:`kvdro.sim.deployment`       -- groups z, routing pi (seeded), rejection, prefix caching delta
+- :mod:`kvdro.sim.timing`           -- step durations from :func:`kvdro.hardware.step_time`
+- :mod:`kvdro.sim.metrics`          -- metrics and realised cost;  :mod:`kvdro.sim.invariants`
+"""
+
+from kvdro.sim.deployment import (
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    Deployment,
+    buffers_from_solution,
+    default_deployment,
+    deployment_from_solution,
+    parse_config,
+)
+from kvdro.sim.invariants import InvariantError
+from kvdro.sim.metrics import COST_TERMS, METRIC_KEYS, default_costs
+from kvdro.sim.policies import POLICIES, RESERVATION_POLICIES, Buffers, policy_buffers
+from kvdro.sim.simulate import ENGINES, SimResult, check_trace, simulate
+
+__all__ = [
+    "COST_TERMS",
+    "ENGINES",
+    "MAX_MODEL_LEN",
+    "MAX_NUM_SEQS",
+    "METRIC_KEYS",
+    "POLICIES",
+    "RESERVATION_POLICIES",
+    "Buffers",
+    "Deployment",
+    "InvariantError",
+    "SimResult",
+    "buffers_from_solution",
+    "check_trace",
+    "default_costs",
+    "default_deployment",
+    "deployment_from_solution",
+    "parse_config",
+    "policy_buffers",
+    "simulate",
+]

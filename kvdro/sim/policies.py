@@ -1,0 +1,157 @@
+"""Admission policies: vLLM's reactive default and the reservation buffers eta_i of the paper's baselines.
+
+A reservation policy admits a class-i request only when the free KV blocks cover
+``ceil((L_in + eta_i) / 16)`` blocks; :func:`policy_buffers` computes eta_i [tokens] per class from
+a training trace:
+
+============  =================================================================================
+``vllm``      no reservation: vLLM's own reactive admission (prompt blocks above the 1% watermark);
+              :func:`policy_buffers` returns an empty :class:`Buffers`.
+``max``       the largest training output of the class (never preempts in-sample).
+``mean``      the mean training output, E[xi_i].
+``p90`` ...   the lower empirical 0.90 / 0.95 / 0.99 quantile of the training outputs.
+``saa``       the SAA newsvendor buffer: the lower q* = rho/(rho+1) quantile (chapter 2, (9)-(10)).
+``dro``       the Wasserstein-DRO buffer of chapter 3 (closed form), eps = 0.15 E[xi_i],
+              support [0, L_max^i] with L_max^i the largest training output.
+``lp1/lp2``   "LP + k sigma", our reading: a **length predictor** -- per class, the least-squares
+              line xi ~ a_i + b_i L_in fitted on the training part -- plus k = 1 or 2 standard
+              deviations of its residuals: eta = a_i + b_i L_in + k sigma_i, so the buffer depends on
+              the request's own prompt length (clipped to [0, L_max^i]).
+============  =================================================================================
+
+Units: tokens. rho = c_p / c_w.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from kvdro.newsvendor import saa_reservation
+from kvdro.wasserstein import dro_reservation
+
+__all__ = ["POLICIES", "RESERVATION_POLICIES", "Buffers", "policy_buffers", "request_buffers"]
+
+#: Every policy name the simulator knows, in the order tables show them.
+POLICIES: tuple[str, ...] = ("vllm", "max", "mean", "p90", "p95", "p99", "saa", "dro", "lp1", "lp2")
+#: The policies that reserve a buffer (all but ``vllm``).
+RESERVATION_POLICIES: tuple[str, ...] = POLICIES[1:]
+
+_QUANTILES = {"p90": 0.90, "p95": 0.95, "p99": 0.99}
+
+
+class Buffers(dict):
+    """Class name -> buffer eta_i [tokens] (a plain ``dict`` to every reader).
+
+    ``slope`` (class -> b_i, tokens per prompt token) and ``mean_input`` (class -> mean training
+    prompt length) are set only by the ``lp1``/``lp2`` predictors: a request of class i with prompt
+    ``L_in`` then gets ``eta = self[i] + b_i (L_in - mean_input[i])``, clipped to ``[0, cap[i]]``.
+    ``self[i]`` is the buffer at the class's mean prompt.
+    """
+
+    def __init__(self, values: Mapping[str, float] | None = None, *, slope: Mapping[str, float] | None = None,
+                 mean_input: Mapping[str, float] | None = None, cap: Mapping[str, float] | None = None):
+        super().__init__(values or {})
+        self.slope = dict(slope or {})
+        self.mean_input = dict(mean_input or {})
+        self.cap = dict(cap or {})
+
+
+def _check_train(train: pd.DataFrame) -> None:
+    if not isinstance(train, pd.DataFrame):
+        raise ValueError("train: must be a pandas DataFrame in kvdro.datasets' tidy schema")
+    for col in ("input_tokens", "output_tokens", "request_class"):
+        if col not in train.columns:
+            raise ValueError(f"train: missing column {col!r}")
+    if len(train) == 0:
+        raise ValueError("train: empty trace")
+    out = train["output_tokens"].to_numpy(dtype=float)
+    if not np.all(np.isfinite(out)) or np.any(out < 0):
+        raise ValueError("train: column 'output_tokens' must hold non-negative finite token counts")
+
+
+def policy_buffers(
+    policy: str,
+    train: pd.DataFrame,
+    *,
+    rho: float,
+    c_w: float = 1.0,
+    eps_fraction: float = 0.15,
+) -> Buffers:
+    """Per-class output buffers eta_i [tokens] of ``policy``, fitted on the tidy trace ``train``.
+
+    ``rho`` = c_p / c_w sets the critical fractile of ``saa`` and ``dro``; ``eps_fraction`` sets the
+    Wasserstein radius of ``dro``, eps_i = eps_fraction * E[xi_i] (the paper's 0.15). Returns an
+    empty :class:`Buffers` for ``vllm`` (reactive: no reservation). See the module table.
+
+    Raises:
+        ValueError: unknown policy, bad ``rho``/``c_w``/``eps_fraction``, or a malformed ``train``.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy: must be one of {POLICIES}, got {policy!r}")
+    for name, value in (("rho", rho), ("c_w", c_w)):
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+    if not (np.isfinite(eps_fraction) and eps_fraction >= 0):
+        raise ValueError(f"eps_fraction: must be a non-negative finite number, got {eps_fraction!r}")
+    _check_train(train)
+    if policy == "vllm":
+        return Buffers()
+    c_p = rho * c_w
+    values, slope, mean_in, cap = {}, {}, {}, {}
+    for name, part in train.groupby("request_class", sort=True, observed=True):
+        xi = part["output_tokens"].to_numpy(dtype=float)
+        L_max = float(xi.max())
+        cap[str(name)] = L_max
+        if policy == "max":
+            eta = L_max
+        elif policy == "mean":
+            eta = float(xi.mean())
+        elif policy in _QUANTILES:
+            eta = saa_reservation(xi, _QUANTILES[policy], 1.0 - _QUANTILES[policy])
+        elif policy == "saa":
+            eta = saa_reservation(xi, c_p, c_w)
+        elif policy == "dro":
+            eta = dro_reservation(xi, c_p, c_w, eps_fraction * float(xi.mean()), L_max)
+        else:  # lp1, lp2: least-squares length predictor + k sigma of its residuals
+            k = 1.0 if policy == "lp1" else 2.0
+            x = part["input_tokens"].to_numpy(dtype=float)
+            if xi.size >= 2 and np.ptp(x) > 0:
+                b, a = np.polyfit(x, xi, 1)
+            else:
+                b, a = 0.0, float(xi.mean())
+            resid = xi - (a + b * x)
+            sigma = float(resid.std())
+            mean_in[str(name)] = float(x.mean())
+            slope[str(name)] = float(b)
+            eta = float(np.clip(a + b * x.mean() + k * sigma, 0.0, L_max))
+        values[str(name)] = float(eta)
+    if policy in ("lp1", "lp2"):
+        return Buffers(values, slope=slope, mean_input=mean_in, cap=cap)
+    return Buffers(values)
+
+
+def request_buffers(buffers: Mapping[str, float], request_class: np.ndarray, input_tokens: np.ndarray) -> np.ndarray:
+    """Per-request buffer eta [tokens] from per-class ``buffers`` (and an ``lp`` predictor's slopes).
+
+    Raises ValueError naming a trace class that has no buffer, or a negative / non-finite buffer.
+    """
+    eta = np.empty(len(request_class))
+    classes = pd.unique(request_class)
+    for name in classes:
+        if str(name) not in buffers:
+            raise ValueError(f"buffers: no buffer for request class {name!r} (have {sorted(buffers)})")
+        value = float(buffers[str(name)])
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(f"buffers: buffer of class {name!r} must be a non-negative finite number, got {value!r}")
+        mask = request_class == name
+        slope = getattr(buffers, "slope", {}).get(str(name), 0.0)
+        if slope:
+            mean_in = buffers.mean_input[str(name)]
+            cap = buffers.cap.get(str(name), np.inf)
+            eta[mask] = np.clip(value + slope * (input_tokens[mask] - mean_in), 0.0, cap)
+        else:
+            eta[mask] = value
+    return eta

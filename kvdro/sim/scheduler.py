@@ -1,0 +1,129 @@
+"""The vLLM scheduling rules both engines implement, and their inputs and outputs.
+
+We follow **vLLM v0.6** (the V0 engine's default scheduler without chunked prefill):
+``vllm/core/scheduler.py`` (``Scheduler._schedule_default``, ``_schedule_prefills``,
+``_schedule_running``) and ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager``:
+``can_allocate``, ``can_append_slots``) :cite:`kwon2023vllm`. One engine step:
+
+1. **Prefill first.** Walk the FCFS waiting queue from its head; admit a request if
+   (a) its blocks fit -- ``vllm``: ``free - ceil(P/16) >= watermark`` (1% of the blocks, vLLM's
+   ``can_allocate``); a reservation policy: ``free >= ceil(max(P, L_in + eta)/16)`` -- (b) the step's
+   token budget (``max_num_batched_tokens``) holds its P prompt tokens and (c) running sequences stay
+   <= ``max_num_seqs`` (256). The first request that does not fit stops the walk (head-of-line
+   blocking, as in vLLM). If anything was admitted the step is a **prefill-only** step; each
+   prefilled sequence produces its first output token.
+2. Otherwise a **decode step** of every running sequence, oldest first. A sequence may run only if a
+   free block is there for it -- ``vllm``: at least one free block, always (v0's worst-case
+   "touched block" heuristic in ``can_append_slots``); a reservation policy: a free block only
+   when its next token falls outside the blocks it holds. If not, the **newest** running sequence is
+   preempted (``running.pop()``), by **recompute**: its blocks are freed and it goes back to the
+   **front** of the waiting queue (``waiting.extendleft``), to be prefilled again with its prompt
+   plus the tokens generated so far. If no newer sequence is left, the sequence preempts itself.
+   A step that preempted admits nothing (it is a decode step; admission happens only in step 1).
+
+Token and block bookkeeping per sequence: after a prefill of P tokens its cache holds P tokens; each
+decode step appends one token (a new 16-token block when the last one is full) and generates the
+next; a request of output length xi leaves after its xi-th token (the last token is never cached).
+
+Prefix caching (delta): a class's shared prefix of ``L_pre`` tokens occupies ``floor(L_pre/16)``
+full blocks, stored once per engine and reference counted; a request whose class prefix is resident
+skips those tokens' prefill; the blocks are freed when the last request using them leaves. A
+request uses ``min(floor(L_pre/16), floor((L_in - 1)/16))`` of them (its own prompt may be shorter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvdro.hardware import BLOCK_TOKENS
+
+__all__ = ["BLOCK_TOKENS", "EngineSpec", "EngineInput", "EngineOutput", "ceil_blocks"]
+
+
+def ceil_blocks(tokens: int) -> int:
+    """Blocks of 16 tokens needed for ``tokens`` tokens."""
+    return -(-int(tokens) // BLOCK_TOKENS)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One micro-batch engine: its KV pool and vLLM settings.
+
+    ``blocks``: KV blocks; ``watermark_blocks``: blocks a prefill must leave free (vLLM; 0 for the
+    reservation policies); ``reactive``: True for ``vllm`` (v0's one-free-block check before every
+    decode); ``prefix_blocks``: blocks of each prefix key's shared prefix (index = key).
+    """
+
+    blocks: int
+    watermark_blocks: int
+    max_num_seqs: int
+    token_budget: int
+    reactive: bool
+    prefix_blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineInput:
+    """The requests one engine serves, sorted by arrival (int64 arrays of equal length).
+
+    arrival_ps [ps]; prompt = L_in [tokens]; output = xi after the context cap (>= 1) [tokens];
+    reserve_blocks = ceil((L_in + eta)/16) (0 for ``vllm``); prefix_key = index into
+    ``EngineSpec.prefix_blocks`` or -1; shared_blocks = prefix blocks this request can use.
+    """
+
+    arrival_ps: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    reserve_blocks: np.ndarray
+    prefix_key: np.ndarray
+    shared_blocks: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.arrival_ps.size)
+
+
+@dataclass
+class EngineOutput:
+    """Per request (arrays aligned with the input) and per engine (integers; time in ps).
+
+    Per request: admit_ps (first admission, -1 never), first_token_ps, finish_ps, preemptions,
+    recomputed_tokens (own cached tokens discarded by preemption), final_cap_tokens (16 x blocks
+    held when it finished, shared ones included), generated (output tokens when it finished). Per engine: steps, prefill_steps, busy_ps,
+    resident_integral (sum over steps of running sequences x step ps), decode_batch_integral and
+    decode_ps (over decode steps only), kv_integral (blocks in use x step ps), end_ps (last step end),
+    peak_blocks, free_blocks_end. ``trace``: per-step (t_ps, dur_ps, running, used_blocks) rows when
+    asked (``record=True``), else None.
+    """
+
+    admit_ps: np.ndarray
+    first_token_ps: np.ndarray
+    finish_ps: np.ndarray
+    preemptions: np.ndarray
+    recomputed_tokens: np.ndarray
+    final_cap_tokens: np.ndarray
+    generated: np.ndarray
+    steps: int = 0
+    prefill_steps: int = 0
+    busy_ps: int = 0
+    resident_integral: int = 0
+    decode_batch_integral: int = 0
+    decode_ps: int = 0
+    kv_integral: int = 0
+    end_ps: int = 0
+    peak_blocks: int = 0
+    free_blocks_end: int = 0
+    trace: list | None = field(default=None)
+
+    @classmethod
+    def empty(cls, n: int) -> EngineOutput:
+        neg = lambda: np.full(n, -1, dtype=np.int64)  # noqa: E731
+        zero = lambda: np.zeros(n, dtype=np.int64)  # noqa: E731
+        return cls(neg(), neg(), neg(), zero(), zero(), zero(), zero())
+
+    def totals(self) -> dict[str, int]:
+        """The per-engine integers, for comparing two engines."""
+        keys = ("steps", "prefill_steps", "busy_ps", "resident_integral", "decode_batch_integral", "decode_ps",
+                "kv_integral", "end_ps", "peak_blocks", "free_blocks_end")
+        return {k: int(getattr(self, k)) for k in keys}

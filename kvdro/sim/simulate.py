@@ -1,0 +1,332 @@
+"""``simulate``: a trace through a deployment under one admission policy -> :class:`SimResult`.
+
+What happens to each request of the trace (every one ends in exactly one outcome, each counted):
+
+1. **Routing** (seeded by the caller's ``rng``): its class's probabilities pick a serving group, or
+   reject it (the share pi_i0) -> ``rejected``. Within a pipeline-parallel group, requests go
+   round-robin to its ``pp`` micro-batch engines (:mod:`kvdro.sim.deployment`).
+2. **Context limit** (``Deployment.max_model_len``, vLLM's behaviour): a prompt longer than the
+   limit is never scheduled -> ``ignored`` (vLLM's ``FINISHED_IGNORED``); generation stops once
+   prompt + output exceeds the limit (vLLM's length cap), i.e. after ``max_model_len - L_in + 1``
+   tokens -> ``truncated`` (completed, with fewer tokens than the trace's). With the default
+   16,384-token window no Azure 2023 request is affected; with Llama-2's 4,096 many are.
+3. The engine serves it (:mod:`kvdro.sim.scheduler`) -> ``completed``. A trace output of 0 tokens is
+   served as 1 (a prefill always samples one token).
+
+Two engines with the same semantics: ``"reference"`` (step by step) and ``"fast"`` (jumps between
+events); ``kvdro.bench sim`` and the tests check that they agree exactly. Invariants
+(:mod:`kvdro.sim.invariants`) are checked at the end of every run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kvdro.sim.deployment import Deployment, default_deployment
+from kvdro.sim.invariants import check_accounting, check_engine
+from kvdro.sim.metrics import compute_metrics, default_costs
+from kvdro.sim.policies import POLICIES, Buffers, policy_buffers, request_buffers
+from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
+from kvdro.sim.timing import PS_PER_S, StepClock
+
+__all__ = ["ENGINES", "SimResult", "simulate", "check_trace"]
+
+ENGINES = ("fast", "reference")
+_TIDY = ("arrival_s", "input_tokens", "output_tokens", "request_class")
+
+
+@dataclass
+class SimResult:
+    """The outcome of :func:`simulate`.
+
+    Attributes:
+        metrics: exactly :data:`kvdro.sim.metrics.METRIC_KEYS` (the CLI's JSON).
+        cost: the cost breakdown (:mod:`kvdro.sim.metrics`): terms, total, per second, token counts.
+        requests: one row per trace request, in trace order: ``request_class``, ``arrival_s``,
+            ``input_tokens``, ``output_tokens`` (trace), ``generated_tokens``, ``group``, ``engine``
+            (-1 if not served), ``outcome`` (completed / truncated / rejected / ignored), ``buffer_tokens``
+            (eta; NaN for ``vllm``), ``reserved_blocks``, ``admit_s``, ``first_token_s``, ``finish_s``,
+            ``wait_s`` (arrival to first admission), ``ttft_s``, ``tpot_s``, ``e2e_s``, ``slo_s``,
+            ``preemptions``, ``recomputed_tokens``, ``waste_tokens``, ``overflow_tokens``.
+        engines: one row per micro-batch engine: group, config, blocks, requests, steps, busy share,
+            mean running sequences, mean decode batch, mean KV use, peak KV use.
+        policy, buffers, deployment, engine: what was run.
+        outputs: the raw :class:`~kvdro.sim.scheduler.EngineOutput` of each engine (with a per-step
+            trace when ``record=True``), aligned with ``specs``.
+    """
+
+    metrics: dict
+    cost: dict
+    requests: pd.DataFrame
+    engines: pd.DataFrame
+    policy: str
+    buffers: dict
+    deployment: Deployment
+    engine: str
+    specs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
+
+
+def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
+    """Validate a tidy trace; ValueError names the column and the first bad row."""
+    if not isinstance(trace, pd.DataFrame):
+        raise ValueError(f"{argument}: must be a pandas DataFrame with columns {list(_TIDY)}")
+    missing = [c for c in _TIDY if c not in trace.columns]
+    if missing:
+        raise ValueError(f"{argument}: missing column(s) {missing}")
+    if len(trace) == 0:
+        raise ValueError(f"{argument}: empty trace")
+    t = pd.to_numeric(trace["arrival_s"], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(t) | (t < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{argument}: column 'arrival_s' must hold finite times >= 0 [s]; row {i} has {trace['arrival_s'].iloc[i]!r}")
+    for col in ("input_tokens", "output_tokens"):
+        v = pd.to_numeric(trace[col], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(v) | (v < 0) | (v != np.round(v))
+        if col == "input_tokens":
+            bad |= v < 1
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{argument}: column {col!r} must hold {'positive' if col == 'input_tokens' else 'non-negative'} "
+                             f"integer token counts; row {i} has {trace[col].iloc[i]!r}")
+    return trace
+
+
+def _route(classes: np.ndarray, names: list[str], deployment: Deployment, rng: np.random.Generator) -> np.ndarray:
+    """Group index per request (-1 = rejected), drawn from the routing probabilities with ``rng``."""
+    probs = deployment.routing_matrix(names)
+    cum = np.cumsum(probs, axis=1)
+    cum[:, -1] = np.maximum(cum[:, -1], 1.0)  # guard the last edge against rounding
+    u = rng.random(classes.size)
+    col = np.empty(classes.size, dtype=np.int64)
+    for i in range(len(names)):
+        m = classes == i
+        col[m] = np.searchsorted(cum[i], u[m], side="right")
+    return col - 1
+
+
+def simulate(
+    trace: pd.DataFrame,
+    *,
+    policy: str,
+    buffers: Mapping[str, float] | None = None,
+    deployment: Deployment | None = None,
+    rho: float = 10.0,
+    costs: Mapping[str, float] | None = None,
+    rng: np.random.Generator,
+    engine: str = "fast",
+    progress: bool = False,
+    record: bool = False,
+    eps_fraction: float = 0.15,
+) -> SimResult:
+    """Serve ``trace`` (tidy schema: arrival_s, input_tokens, output_tokens, request_class) on
+    ``deployment`` (default :func:`default_deployment`: 2 x TP4-PP1) under ``policy``.
+
+    Args:
+        policy: one of :data:`POLICIES`.
+        buffers: class -> eta [tokens] for a reservation policy; ``None`` -> :func:`policy_buffers`
+            fitted **in sample**, on ``trace`` itself (pass buffers fitted on a training part for an
+            out-of-sample run). Ignored for ``vllm``.
+        rho: c_p / c_w (sets c_p of the cost, and the ``saa``/``dro`` buffers when fitted here).
+        costs: overrides of ``c_p, c_w, c_slo, c_rej, c_gpu`` (:func:`kvdro.sim.metrics.default_costs`).
+        rng: the seeded generator that draws the routing.
+        engine: ``"fast"`` (event jumping) or ``"reference"`` (step by step).
+        progress: a tqdm bar on stderr (requests finished).
+        record: keep a per-step trace in each engine output (reference engine only; small runs).
+
+    Raises:
+        ValueError: naming the argument (or trace column and row) for bad input.
+    """
+    start = time.perf_counter()
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError("rng: pass a seeded numpy.random.Generator")
+    if policy not in POLICIES:
+        raise ValueError(f"policy: must be one of {POLICIES}, got {policy!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine: must be one of {ENGINES}, got {engine!r}")
+    if record and engine != "reference":
+        raise ValueError("record: a per-step trace needs engine='reference'")
+    check_trace(trace)
+    dep = default_deployment(trace) if deployment is None else deployment
+    if not isinstance(dep, Deployment):
+        raise ValueError("deployment: must be a kvdro.sim.Deployment")
+    cost_params = default_costs(rho, costs)
+
+    order = np.argsort(trace["arrival_s"].to_numpy(dtype=float), kind="stable")
+    df = trace.iloc[order]
+    arrival_s = df["arrival_s"].to_numpy(dtype=float)
+    arrival_ps = np.round((arrival_s - arrival_s.min()) * PS_PER_S).astype(np.int64)
+    L = df["input_tokens"].to_numpy().astype(np.int64)
+    xi = df["output_tokens"].to_numpy().astype(np.int64)
+    cls_raw = df["request_class"].astype(str).to_numpy()
+    names = sorted(pd.unique(cls_raw).tolist())
+    cls = np.searchsorted(np.array(names), cls_raw)
+    n = L.size
+
+    reservation = policy != "vllm"
+    if reservation:
+        buf = policy_buffers(policy, trace, rho=rho, c_w=cost_params["c_w"], eps_fraction=eps_fraction) if buffers is None else buffers
+        eta = request_buffers(buf, cls_raw, L)
+    else:
+        buf = Buffers()
+        eta = np.full(n, np.nan)
+
+    # context limit: ignored prompts, capped generation
+    limit = dep.max_model_len
+    ignored = L > dep.prompt_limit
+    X = np.maximum(1, np.minimum(xi, limit - L + 1))
+    truncated = ~ignored & (xi > X)
+
+    group = _route(cls, names, dep, rng)
+    rejected = group < 0
+    served = ~rejected & ~ignored
+    reserve_blocks = np.zeros(n, dtype=np.int64)
+    if reservation:
+        tokens = np.minimum(L + np.ceil(eta).astype(np.int64), limit)
+        reserve_blocks = -(-tokens // BLOCK_TOKENS)
+
+    # prefix caching: shared blocks per class and per request
+    class_prefix_blocks = np.array([int(dep.prefix_tokens.get(c, 0.0)) // BLOCK_TOKENS for c in names], dtype=np.int64)
+    usable = np.minimum(class_prefix_blocks[cls], (L - 1) // BLOCK_TOKENS)
+
+    specs, inputs, members, engine_rows = [], [], [], []
+    for gi, cfg in enumerate(dep.groups):
+        idx_g = np.flatnonzero(served & (group == gi))
+        cached = np.array([bool(dep.prefix_caching.get(c, [False] * len(dep.groups))[gi]) for c in names])
+        pblocks = tuple(int(b) if cached[i] else 0 for i, b in enumerate(class_prefix_blocks))
+        blocks = dep.engine_blocks(cfg)
+        spec = EngineSpec(
+            blocks=blocks,
+            watermark_blocks=dep.watermark_blocks(cfg) if not reservation else 0,
+            max_num_seqs=dep.max_num_seqs,
+            token_budget=dep.token_budget,
+            reactive=not reservation,
+            prefix_blocks=pblocks,
+        )
+        clock = StepClock(dep.model, dep.gpu, cfg)
+        for e in range(cfg.pp):
+            idx = idx_g[e::cfg.pp]
+            key = np.where(cached[cls[idx]] & (usable[idx] > 0), cls[idx], -1).astype(np.int64)
+            inp = EngineInput(
+                arrival_ps=arrival_ps[idx],
+                prompt=L[idx],
+                output=X[idx],
+                reserve_blocks=reserve_blocks[idx],
+                prefix_key=key,
+                shared_blocks=np.where(key >= 0, usable[idx], 0).astype(np.int64),
+            )
+            specs.append((spec, clock))
+            inputs.append(inp)
+            members.append(idx)
+            engine_rows.append({"group": gi, "config": cfg.name, "engine": e})
+
+    from kvdro.sim.engine_reference import run_reference
+
+    if engine == "fast":
+        from kvdro.sim.engine_fast import run_fast
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=int(served.sum()), desc=f"simulate {policy}", unit="req", file=None, leave=False)
+    outputs: list[EngineOutput] = []
+    try:
+        for (spec, clock), inp in zip(specs, inputs):
+            if engine == "reference":
+                out = run_reference(spec, inp, clock, record=record, progress=bar)
+            else:
+                out = run_fast(spec, inp, clock, progress=bar)
+            check_engine(spec, inp, out)
+            outputs.append(out)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    # per-request frame, in sorted (arrival) order, then restored to trace order
+    admit = np.full(n, -1, dtype=np.int64)
+    first = np.full(n, -1, dtype=np.int64)
+    finish = np.full(n, -1, dtype=np.int64)
+    pre = np.zeros(n, dtype=np.int64)
+    rec = np.zeros(n, dtype=np.int64)
+    capf = np.zeros(n, dtype=np.int64)
+    gen = np.zeros(n, dtype=np.int64)
+    eng = np.full(n, -1, dtype=np.int64)
+    for e, (idx, out) in enumerate(zip(members, outputs)):
+        admit[idx], first[idx], finish[idx] = out.admit_ps, out.first_token_ps, out.finish_ps
+        pre[idx], rec[idx], capf[idx], gen[idx] = out.preemptions, out.recomputed_tokens, out.final_cap_tokens, out.generated
+        eng[idx] = e
+    outcome = np.where(rejected, "rejected", np.where(ignored, "ignored", np.where(truncated, "truncated", "completed")))
+    done = served
+    sec = lambda a: np.where(a >= 0, a / PS_PER_S, np.nan)  # noqa: E731
+    a_s = arrival_ps / PS_PER_S
+    slo_map = {}
+    for i, c in enumerate(names):
+        if c in dep.slo_s:
+            slo_map[c] = float(dep.slo_s[c])
+        else:
+            from kvdro.workload import default_slo_s
+
+            slo_map[c] = default_slo_s(float(xi[cls == i].mean()))
+    slo = np.array([slo_map[c] for c in names])[cls]
+    finish_s = sec(finish)
+    first_s = sec(first)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(done & (gen > 1), (finish_s - first_s) / np.maximum(gen - 1, 1), np.nan)
+    reserved_tokens = BLOCK_TOKENS * reserve_blocks
+    requests = pd.DataFrame({
+        "request_class": cls_raw,
+        "arrival_s": arrival_s,
+        "input_tokens": L,
+        "output_tokens": xi,
+        "generated_tokens": gen,
+        "group": np.where(rejected, -1, group),
+        "engine": eng,
+        "outcome": outcome,
+        "buffer_tokens": eta,
+        "reserved_blocks": reserve_blocks,
+        "admit_s": sec(admit),
+        "first_token_s": first_s,
+        "finish_s": finish_s,
+        "wait_s": sec(admit) - np.where(done, a_s, np.nan),
+        "ttft_s": first_s - np.where(done, a_s, np.nan),
+        "tpot_s": tpot,
+        "e2e_s": finish_s - np.where(done, a_s, np.nan),
+        "slo_s": slo,
+        "preemptions": pre,
+        "recomputed_tokens": rec,
+        "waste_tokens": np.where(done, np.maximum(0, capf - L - gen), 0),
+        "overflow_tokens": np.where(done & reservation, np.maximum(0, L + gen - reserved_tokens), 0),
+    }, index=order)
+    requests = requests.sort_index()
+    requests.index = trace.index
+
+    horizon_ps = int(max([int(arrival_ps.max())] + [o.end_ps for o in outputs]))
+    engine_pairs = [(s[0], o) for s, o in zip(specs, outputs)]
+    metrics, breakdown = compute_metrics(requests, engine_pairs, cost_params, gpus=dep.total_gpus,
+                                         horizon_ps=horizon_ps, wall_s=0.0, reservation=reservation)
+    check_accounting(n, metrics["completed"], metrics["rejected"], metrics["ignored"])
+    for row, (spec, _), out, idx in zip(engine_rows, specs, outputs, members):
+        row.update({
+            "blocks": spec.blocks,
+            "requests": int(idx.size),
+            "steps": out.steps,
+            "busy_share": out.busy_ps / horizon_ps if horizon_ps else 0.0,
+            "mean_running": out.resident_integral / horizon_ps if horizon_ps else 0.0,
+            "mean_decode_batch": out.decode_batch_integral / out.decode_ps if out.decode_ps else 0.0,
+            "kv_use_mean": out.kv_integral / (spec.blocks * horizon_ps) if horizon_ps else 0.0,
+            "kv_use_peak": out.peak_blocks / spec.blocks,
+        })
+    metrics["wall_s"] = float(time.perf_counter() - start)
+    return SimResult(
+        metrics=metrics, cost=breakdown, requests=requests, engines=pd.DataFrame(engine_rows),
+        policy=policy, buffers=dict(buf), deployment=dep, engine=engine,
+        specs=[s for s, _ in specs], outputs=outputs, inputs=inputs,
+    )

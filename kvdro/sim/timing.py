@@ -1,0 +1,66 @@
+"""Step durations of one engine, in integer picoseconds, from :func:`kvdro.hardware.step_time`.
+
+Simulated time is an integer number of picoseconds (``PS_PER_S = 10**12``): both engines add the
+same integers, so "identical metrics" means bit-identical, and an arrival compared with a step
+boundary is decided exactly.
+
+* A **decode step** of ``n`` sequences whose caches hold ``ctx`` tokens in total (after this step's
+  append) lasts ``base(n) + slope * ctx``. :func:`kvdro.hardware.step_time` is affine in the context
+  for a fixed batch (attention reads every cached K/V byte once), so this is that function with its
+  two coefficients rounded to the picosecond: ``slope`` = seconds per cached token read, ``base(n)`` =
+  ``step_time(0, n, n) - slope * n``.
+* A **prefill step** of prompts with ``tokens`` new tokens in total and ``pairs`` = sum of
+  ``L_j^2 - c_j^2`` causal-attention token pairs is ``step_time(tokens, 0, 0, pairs)``, rounded.
+
+For a pipeline-parallel group the step is the latency of one micro-batch through all ``pp`` stages
+(``step_time`` counts the stages one after another); the group runs ``pp`` such micro-batch engines
+at once (:mod:`kvdro.sim.deployment`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from kvdro.hardware import GPU, Model, ParallelConfig, step_time
+
+__all__ = ["PS_PER_S", "StepClock", "seconds_to_ps"]
+
+#: Picoseconds per second: the simulator's unit of time.
+PS_PER_S = 10**12
+
+
+def seconds_to_ps(seconds: float) -> int:
+    """Round seconds to integer picoseconds."""
+    return int(round(float(seconds) * PS_PER_S))
+
+
+class StepClock:
+    """Integer step durations [ps] of one engine (a (TP, PP) group's micro-batch engine)."""
+
+    def __init__(self, model: Model, gpu: GPU, config: ParallelConfig):
+        self.model, self.gpu, self.config = model, gpu, config
+        # seconds per cached token read in a decode step (all layers): the slope of step_time in ctx
+        one = step_time(model, gpu, config, 0, 1, 1)
+        two = step_time(model, gpu, config, 0, 1, 1 + 1_000_000)
+        self.slope_ps = seconds_to_ps((two - one) / 1_000_000)
+        self._base: dict[int, int] = {}
+        self._prefill = lru_cache(maxsize=None)(self._prefill_ps)
+
+    def decode_base_ps(self, n: int) -> int:
+        """``base(n)`` [ps]: decode step of ``n`` sequences minus the context-proportional part."""
+        b = self._base.get(n)
+        if b is None:
+            b = seconds_to_ps(step_time(self.model, self.gpu, self.config, 0, n, n)) - self.slope_ps * n
+            self._base[n] = b
+        return b
+
+    def decode_ps(self, n: int, ctx: int) -> int:
+        """Decode step of ``n`` sequences reading ``ctx`` cached tokens in total [ps]."""
+        return self.decode_base_ps(n) + self.slope_ps * ctx
+
+    def _prefill_ps(self, tokens: int, pairs: int) -> int:
+        return seconds_to_ps(step_time(self.model, self.gpu, self.config, tokens, 0, 0, prefill_attention_tokens2=pairs))
+
+    def prefill_ps(self, tokens: int, pairs: int) -> int:
+        """Prefill step of ``tokens`` new prompt tokens with ``pairs`` attention pairs [ps]."""
+        return self._prefill(int(tokens), int(pairs))
