@@ -1,0 +1,309 @@
+"""kvdro.bcd: Algorithm 1 against the exact solver, monotone descent where it is guaranteed, each
+block against brute force, bad input, solver status, warm starts, the scaled and drifting instances."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import cvxpy as cp
+import numpy as np
+import pytest
+
+from kvdro.bcd import run_bcd, solve_bcd
+from kvdro.bcd.scaling import random_small_instance
+from kvdro.bcd.blocks import (
+    ReservationStep,
+    RoutingLP,
+    _solve,
+    band_index,
+    memory_rows,
+    prefix_descent,
+    prefix_rule,
+    utilisation,
+)
+from kvdro.errors import SolverError
+from kvdro.joint import Instance, Solution, evaluate, solve_exact
+
+MONOTONE_STEPS = {"descent": {"LP1", "LP2", "delta", "z"}, "paper": {"LP1", "LP2", "z"}}
+
+
+def random_instance(rng: np.random.Generator, n_classes: int = 3, **kw) -> Instance:
+    """kvdro.bcd.scaling.random_small_instance: outputs up to 96 tokens, a memory-cut TP2 and TP4."""
+    return random_small_instance(rng, n_classes, **kw)
+
+
+@pytest.fixture(scope="module")
+def instances():
+    rng = np.random.default_rng(20261130)
+    return [random_instance(rng, n_classes=int(rng.integers(2, 5))) for _ in range(24)]
+
+
+# ------------------------------------------------------------------------------------ the algorithm
+
+
+@pytest.mark.parametrize("rule", ["descent", "paper"])
+def test_objective_never_rises_where_the_algorithm_guarantees_it(instances, rule):
+    """Every LP1, LP2 and Block-3 step (and, for the descent rule, every Block-2 step) keeps or lowers
+    the evaluated objective; the returned solution is the best iterate and feasible."""
+    checked = 0
+    for inst in instances:
+        run = run_bcd(inst, delta_rule=rule)
+        f = run.objectives()
+        assert run.trace[0].block == "init" and np.isfinite(f[0])
+        for prev, rec in zip(run.trace, run.trace[1:]):
+            if rec.block in MONOTONE_STEPS[rule]:
+                assert rec.objective <= prev.objective * (1 + 1e-9) + 1e-9, (inst.name, rec)
+                checked += 1
+        ev = evaluate(inst, run.solution)
+        assert ev.feasible
+        assert ev.total == pytest.approx(f.min(), rel=1e-12)
+    assert checked > 100
+
+
+def test_caching_every_routed_pair_is_never_worse_than_the_paper_rule(instances):
+    """With pi fixed and (6e) met, caching a routed pair only shortens T and H: the paper's rule
+    (which un-caches routed pairs with fewer than one concurrent request) can only cost more."""
+    for inst in instances[:10]:
+        sol = solve_bcd(inst)
+        routed = (sol.pi > 0) & (sol.z[None, :] >= 1)
+        rule = prefix_rule(inst, sol.z, sol.pi)
+        all_routed = Solution(z=sol.z, r=sol.r, pi=sol.pi, delta=routed)
+        lhs, cap = memory_rows(inst, sol.z, sol.r, sol.pi, routed)
+        if np.all(lhs <= cap):
+            by_rule = evaluate(inst, Solution(z=sol.z, r=sol.r, pi=sol.pi, delta=rule))
+            assert evaluate(inst, all_routed).total <= by_rule.total * (1 + 1e-12) + 1e-12
+
+
+def test_stops_when_z_and_delta_repeat(instances):
+    for inst in instances[:8]:
+        run = run_bcd(inst)
+        last = [r for r in run.trace if r.iteration == run.iterations]
+        prev = [r for r in run.trace if r.iteration == run.iterations - 1]
+        if run.converged and prev:
+            assert last[-1].z == prev[-1].z and last[-1].cached == prev[-1].cached
+        assert run.iterations <= 20
+
+
+@pytest.mark.parametrize("rule", ["descent", "paper"])
+def test_never_below_the_exact_optimum_on_random_instances(instances, rule):
+    """A law: BCD returns a feasible point of the same model, so it cannot beat the proven optimum."""
+    for inst in instances[:12]:
+        opt = evaluate(inst, solve_exact(inst)).total
+        got = evaluate(inst, solve_bcd(inst, delta_rule=rule))
+        assert got.feasible
+        assert got.total >= opt * (1 - 1e-7)
+
+
+def test_a_second_start_with_every_prefix_cached_is_a_valid_bcd_run(instances):
+    for inst in instances[:6]:
+        run = run_bcd(inst, init="cached")
+        assert run.trace[0].cached == inst.n_classes * inst.n_configs
+        assert evaluate(inst, run.solution).feasible and run.converged
+
+
+def test_reservations_are_whole_blocks_within_the_candidates(instances):
+    for inst in instances[:6]:
+        sol = solve_bcd(inst)
+        eta = sol.r - inst.input_tokens
+        for i, e in enumerate(eta):
+            assert np.min(np.abs(inst.candidates[i] - e)) < 1e-9
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_never_below_the_exact_optimum_on_small_seeds(data_dir, seed):
+    from kvdro.joint import paper_instance
+
+    inst = paper_instance("small", seed)
+    opt = solve_exact(inst)
+    ev_opt = evaluate(inst, opt)
+    ev = evaluate(inst, solve_bcd(inst))
+    assert ev.feasible and ev_opt.feasible
+    assert ev.total >= ev_opt.total * (1 - 1e-7)
+
+
+# ------------------------------------------------------------------------------------ the blocks
+
+
+def test_lp1_charges_an_upper_bound_and_never_beats_its_own_start(instances):
+    inst = instances[0]
+    run = run_bcd(inst)
+    sol = run.solution
+    lp1 = RoutingLP(inst)
+    u = utilisation(inst, sol.z, sol.pi, sol.delta)
+    bands = lp1.bands_for(sol.z, u)
+    pi, value = lp1.solve(sol.z, sol.r, sol.delta, bands)
+    new = evaluate(inst, Solution(z=sol.z, r=sol.r, pi=pi, delta=sol.delta))
+    assert new.feasible
+    assert new.total <= value * (1 + 1e-7) + 1e-7  # true W <= the band's W
+    assert value <= evaluate(inst, sol).total * (1 + 1e-7) + 1e-7  # the start is feasible for LP1
+    busy = band_index(inst, u) >= 0
+    assert np.all(band_index(inst, utilisation(inst, sol.z, pi, sol.delta))[busy] <= band_index(inst, u)[busy])
+
+
+def test_lp2_equals_brute_force_when_memory_binds():
+    rng = np.random.default_rng(7)
+    inst = random_instance(rng, n_classes=3)
+    I, K = inst.n_classes, inst.n_configs
+    z = np.array([1, 0])
+    pi = np.zeros((I, K))
+    pi[:, 0] = 0.5
+    d = np.zeros((I, K), dtype=bool)
+    step = ReservationStep(inst)
+    own = inst.input_tokens + np.array([inst.candidates[i][b] for i, b in enumerate(step.best)])
+    # shrink the capacity until the own minimisers no longer fit
+    lhs, _ = memory_rows(inst, z, own, pi, d)
+    inst = replace(inst, configs=(replace(inst.configs[0], kv_capacity_tokens=float(lhs[0] * 0.97)), inst.configs[1]))
+    step = ReservationStep(inst)
+    r = step.solve(z, own, pi, d)
+    assert step.knapsacks == 1
+    best, best_r = np.inf, None
+    for combo in itertools.product(*[range(b + 1) for b in step.best]):
+        rr = inst.input_tokens + np.array([inst.candidates[i][c] for i, c in enumerate(combo)])
+        lhs, cap = memory_rows(inst, z, rr, pi, d)
+        if lhs[0] <= cap[0]:
+            cost = sum(inst.rates[i] * 0.5 * inst.candidate_costs[i][c] for i, c in enumerate(combo))
+            if cost < best - 1e-12:
+                best, best_r = cost, rr
+    got = sum(inst.rates[i] * 0.5 * inst.worst_case_cost(i, r[i] - inst.input_tokens[i]) for i in range(I))
+    assert got == pytest.approx(best, rel=1e-9)
+    assert memory_rows(inst, z, r, pi, d)[0][0] <= inst.capacity_tokens[0] * (1 + 1e-9)
+    assert best_r is not None
+
+
+def test_prefix_rule_is_the_concurrency_threshold(instances):
+    inst = instances[1]
+    sol = solve_bcd(inst)
+    n = inst.rates[:, None] * sol.pi * inst.residence_s[:, :, 1] / np.maximum(sol.z, 1)[None, :]
+    np.testing.assert_array_equal(prefix_rule(inst, sol.z, sol.pi), (n > 1) & (sol.z[None, :] >= 1))
+    d = prefix_descent(inst, sol.z, sol.r, sol.pi, np.zeros_like(sol.delta))
+    assert not np.any(d & (sol.pi == 0))  # never caches where no traffic goes
+    lhs, cap = memory_rows(inst, sol.z, sol.r, sol.pi, d)
+    assert np.all(lhs <= cap * (1 + 1e-9))
+
+
+# ------------------------------------------------------------------------------------ input and errors
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"max_iter": 0}, "max_iter"),
+        ({"max_iter": -3}, "max_iter"),
+        ({"max_iter": 2.5}, "max_iter"),
+        ({"max_iter": True}, "max_iter"),
+        ({"inner_iter": 0}, "inner_iter"),
+        ({"tol": -1e-3}, "tol"),
+        ({"tol": float("nan")}, "tol"),
+        ({"delta_rule": "always"}, "delta_rule"),
+        ({"time_limit": 0.0}, "time_limit"),
+        ({"init": "random"}, "init"),
+    ],
+)
+def test_bad_arguments_are_named(instances, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        solve_bcd(instances[0], **kwargs)
+
+
+def test_bad_warm_starts_are_named(instances):
+    inst = instances[0]
+    I, K = inst.n_classes, inst.n_configs
+    wrong = Solution(z=np.zeros(K + 1), r=np.zeros(I), pi=np.zeros((I, K + 1)), delta=np.zeros((I, K + 1)))
+    with pytest.raises(ValueError, match="init"):
+        solve_bcd(inst, init=wrong)
+    too_many = Solution(z=np.full(K, 99), r=inst.input_tokens, pi=np.zeros((I, K)), delta=np.zeros((I, K)))
+    with pytest.raises(ValueError, match="init"):
+        solve_bcd(inst, init=too_many)
+
+
+def test_an_instance_without_a_feasible_configuration_is_refused():
+    rng = np.random.default_rng(3)
+    with pytest.raises(ValueError, match="total_gpus"):
+        random_instance(rng, total_gpus=1)
+
+
+def test_a_solver_status_other_than_optimal_raises():
+    x = cp.Variable()
+    with pytest.raises(SolverError) as info:
+        _solve(cp.Problem(cp.Minimize(x), [x >= 1, x <= 0]), "an infeasible LP")
+    assert info.value.status == "infeasible"
+
+
+def test_a_failing_block_solve_propagates_its_status(instances, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise SolverError("LP1 (routing, BCD block 1)", "infeasible_or_unbounded")
+
+    monkeypatch.setattr(RoutingLP, "solve", broken)
+    with pytest.raises(SolverError) as info:
+        solve_bcd(instances[0])
+    assert info.value.status == "infeasible_or_unbounded"
+
+
+# ------------------------------------------------------------------------------------ warm start, windows
+
+
+def test_warm_start_from_the_answer_keeps_it(instances):
+    for inst in instances[:5]:
+        first = solve_bcd(inst)
+        again = run_bcd(inst, init=first)
+        assert again.trace[0].objective == pytest.approx(evaluate(inst, first).total, rel=1e-9)
+        assert evaluate(inst, again.solution).total <= evaluate(inst, first).total * (1 + 1e-9)
+
+
+def test_drifting_windows_scale_outputs_and_keep_the_support(instances):
+    from kvdro.bcd.rolling import carry_over, drifting_windows, reoptimise
+
+    inst = instances[2]
+    wins = drifting_windows(inst, [1.0, 1.5])
+    for a, b in zip(inst.classes, wins[0].classes):
+        np.testing.assert_array_equal(a.output_tokens, b.output_tokens)
+    for a, b in zip(inst.classes, wins[1].classes):
+        assert b.mean_output_tokens > a.mean_output_tokens
+        assert b.output_tokens.max() <= a.max_output_tokens == b.max_output_tokens
+    assert wins[1].eps[0] == pytest.approx(0.15 * wins[1].classes[0].mean_output_tokens)
+    warm = reoptimise(wins, [1.0, 1.5], method="bcd-warm")
+    static = reoptimise(wins, [1.0, 1.5], method="static")
+    assert all(evaluate(w, r.solution).feasible for w, r in zip(wins, warm))
+    assert evaluate(wins[1], carry_over(wins[1], warm[0].solution)).feasible
+    # the old decision is a feasible start for the new window, so re-optimising cannot lose to it
+    assert warm[1].objective <= static[1].objective * (1 + 1e-9)
+    with pytest.raises(ValueError, match="shifts"):
+        drifting_windows(inst, [1.0, -1.0])
+
+
+def test_scaled_instance_matches_the_large_family_and_checks_its_arguments(data_dir):
+    from kvdro.bcd.scaling import scaled_instance
+    from kvdro.joint import paper_instance
+
+    a, b = scaled_instance(15, 48, 0), paper_instance("large", 0)
+    np.testing.assert_allclose(a.rates, b.rates)
+    for ca, cb in zip(a.classes, b.classes):
+        np.testing.assert_array_equal(ca.output_tokens, cb.output_tokens)
+    big = scaled_instance(30, 96, 1, n_samples=50)
+    assert big.n_classes == 30 and big.total_gpus == 96
+    assert big.rates.sum() / 96 == pytest.approx(a.rates.sum() / 48)  # same load per GPU
+    for kw, name in (({"n_classes": 0}, "n_classes"), ({"total_gpus": 0}, "total_gpus"), ({"seed": -1}, "seed")):
+        args = {"n_classes": 3, "total_gpus": 8, "seed": 0} | kw
+        with pytest.raises(ValueError, match=name):
+            scaled_instance(**args)
+
+
+def test_cli_bcd_has_the_exact_schema(data_dir):
+    env = {**os.environ, "KVDRO_DATA_DIR": str(data_dir)}
+    out = {}
+    for method in ("bcd", "exact"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvdro", "solve", "--instance", "small", "--method", method, "--seed", "0", "--json"],
+            capture_output=True, text=True, env=env, timeout=300, check=True,
+        )
+        out[method] = json.loads(proc.stdout)
+    b, e = out["bcd"], out["exact"]
+    assert b.keys() == e.keys()
+    assert b["solution"].keys() == e["solution"].keys() and b["cost"].keys() == e["cost"].keys()
+    assert b["solution"]["method"] == "bcd-descent" and b["cost"]["feasible"] is True
+    assert b["cost"]["total"] == pytest.approx(b["solution"]["objective"], rel=1e-9)
+    assert b["cost"]["total"] >= e["cost"]["total"] * (1 - 1e-7)
