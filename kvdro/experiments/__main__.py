@@ -1,0 +1,134 @@
+"""``python -m kvdro.experiments {table2,table4,table5,fig3,fig5,fig6} [--quick] [--n-jobs N] [--json] [--write]``
+
+Runs one sweep of chapter 8 and prints its summary table beside the paper's numbers, with our
+verdict. ``--json`` prints ``{"experiment", "quick", "rows", "summary", "verdicts"}`` instead, where
+``rows`` has one object per simulation (NaN as null). ``--quick`` runs a reduced sweep (one trace,
+one seed, the first five minutes of the test part) fit for tests; ``--write`` (full sweeps only)
+saves the rows to ``data/experiments_<name>.csv``, the cached results the chapter reads.
+Results are cached on disk (``$KVDRO_CACHE_DIR``, default ``_build/kvdro-cache``); ``--no-cache``
+recomputes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+EXPERIMENTS = ("table2", "table4", "table5", "fig3", "fig5", "fig6")
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def csv_path(name: str) -> Path:
+    """Where ``--write`` saves a full sweep: ``data/experiments_<name>.csv``."""
+    return DATA / f"experiments_{name}.csv"
+
+
+def run(name: str, *, quick: bool, n_jobs: int | None, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """The sweep(s) of ``name``: a dict of DataFrames (``fig5`` has ``fig5a`` and ``fig5b``)."""
+    from kvdro import experiments as ex
+
+    kw = {"quick": quick, "n_jobs": n_jobs, "progress": progress}
+    if name == "fig5":
+        return {"fig5a": ex.fig5a(**kw), "fig5b": ex.fig5b(**kw)}
+    funcs = {"table2": ex.table2, "table4": ex.table4, "table5": ex.table5, "fig3": ex.fig3, "fig6": ex.fig6}
+    if name not in funcs:
+        raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {name!r}")
+    return {name: funcs[name](**kw)}
+
+
+def summarise(name: str, frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, list]:
+    """Our summary table (with the paper's numbers where it prints them) and the verdicts."""
+    from kvdro.experiments import paper, verdicts as v
+
+    if name == "table2":
+        s = v.table2_summary(frames[name])
+        p = paper.table2().set_index("rho")[["DRO", "P90", "P95", "gain_vs_p90", "gain_vs_p95"]].add_prefix("paper_")
+        return s.join(p, on="rho"), [v.table2_verdict(s)]
+    if name == "table4":
+        s = v.table4_summary(frames[name])
+        p = paper.table4().set_index(["policy", "rho"]).add_prefix("paper_")
+        return s.join(p, on=["policy", "rho"]), [v.table4_verdict(s)]
+    if name == "table5":
+        s = v.table5_summary(frames[name])
+        return s, [x for src in s.source.unique() for x in v.table5_verdict(s, src)]
+    if name == "fig3":
+        df = frames[name]
+        s = df.groupby(["trace", "load", "policy"])[[v.COST, "cost_realised_per_req", "e2e_p99_s", "preemptions"]].mean().reset_index()
+        return s, [v.fig3_verdict(df)]
+    if name == "fig5":
+        a, b = frames["fig5a"], frames["fig5b"]
+        wcols = [c for c in a.columns if c.endswith("_cost_per_req") and c.startswith("w")]
+        sa = a.groupby(["trace", "policy", "mode"])[wcols].mean().reset_index()
+        sb = b.groupby(["trace", "rho", "shift", "policy"])[[v.COST, "e2e_p99_s"]].mean().reset_index()
+        return pd.concat([sa.assign(figure="5a"), sb.assign(figure="5b")], ignore_index=True), [v.fig5a_verdict(a), v.fig5b_verdict(b)]
+    if name == "fig6":
+        df = frames[name]
+        s = df.groupby(["source", "variant", "shift"])[[v.COST, "cost_realised_per_req", "e2e_p99_s", "slo_violation_rate"]].mean().reset_index()
+        return s, [v.fig6_verdict(df, src) for src in df.source.unique()]
+    raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {name!r}")
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    out = []
+    for row in df.to_dict(orient="records"):
+        clean = {}
+        for k, val in row.items():
+            if hasattr(val, "item"):
+                val = val.item()
+            if isinstance(val, float) and not math.isfinite(val):
+                val = None
+            clean[str(k)] = val
+        out.append(clean)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvdro.experiments", description=__doc__.splitlines()[0])
+    parser.add_argument("experiment", choices=EXPERIMENTS)
+    parser.add_argument("--quick", action="store_true", help="reduced sweep for tests (one trace, one seed, 5 min)")
+    parser.add_argument("--n-jobs", type=int, default=None, help="worker processes (default: joblib's configuration)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--write", action="store_true", help="save the rows to data/experiments_<name>.csv (full sweep only)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute every cell")
+    args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write saves the full sweep; drop --quick")
+    if args.n_jobs is not None and args.n_jobs == 0:
+        parser.error("--n-jobs must be a non-zero integer")
+    if args.no_cache:
+        import os
+        import tempfile
+
+        os.environ["KVDRO_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvdro-nocache-")
+    frames = run(args.experiment, quick=args.quick, n_jobs=args.n_jobs, progress=not args.json)
+    summary, verdicts = summarise(args.experiment, frames)
+    if args.write:
+        for key, df in frames.items():
+            df.to_csv(csv_path(key), index=False, float_format="%.6g")
+            print(f"wrote {csv_path(key)} ({len(df)} rows)", file=sys.stderr)
+    if args.json:
+        rows = [dict(r, sweep=key) for key, df in frames.items() for r in _records(df)]
+        payload = {
+            "experiment": args.experiment,
+            "quick": args.quick,
+            "rows": rows,
+            "summary": _records(summary),
+            "verdicts": [x.as_row() for x in verdicts],
+        }
+        print(json.dumps(payload, indent=1))
+        return 0
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_rows", 500):
+        print(summary.round(3).to_string(index=False))
+    print()
+    for x in verdicts:
+        print(f"[{x.verdict}] {x.claim}: {x.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

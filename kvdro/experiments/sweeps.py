@@ -1,0 +1,434 @@
+"""One function per table or figure of the paper's evaluation, each a thin layer over :mod:`kvdro.sim`
+and :mod:`kvdro.bcd`, returning a tidy DataFrame (one row per simulation).
+
+Two kinds of sweep cell, both module-level functions run by :func:`kvdro.experiments.runner.run_sweep`
+(parallel, cached):
+
+* :func:`policy_cell` -- a reservation *policy* (:data:`kvdro.sim.POLICIES`) on the simulator's
+  default deployment (2 x TP4-PP1 on J = 8 A100-80GB): buffers fitted on the training part of a
+  trace, the test part served (Tables II and IV, Figures 3(a) and 5(b)).
+* :func:`plan_cell` -- a *plan* of the joint problem (z, r, pi, delta) by BCD-DRO (or a variant of
+  the ablation) fitted on the training part of the heterogeneous trace (code + conversation, three
+  input-length sub-classes each: 6 classes), deployed as it is (Table V, Figure 6).
+* :func:`drift_cell` -- static vs rolling-horizon buffers on a drifting trace (Figure 5(a)).
+
+Costs. Two accountings, both reported (the chapter explains why they differ):
+
+* ``cost_paper`` -- the paper's (4): the newsvendor loss (2)+(3) of each served request's
+  reservation, c_p (L_in + xi - r)^+ + c_w (r - L_in - xi)^+, plus the SLO, rejection and GPU terms
+  of the run. A shortage is charged whether or not the engine had to preempt. For ``vllm`` (no
+  reservation) r is the prompt's blocks.
+* ``cost_realised`` -- the simulator's ``cost_total``: preemption is charged on the tokens the engine
+  actually recomputed; an output that outgrows its reservation while free blocks remain costs nothing.
+
+Both are also given per served request (``*_per_req``), the unit of the tables. Units: cost units
+with c_w = 1 per token (c_p = rho, c_slo = 5 per second late, c_rej = 5000, c_gpu = 100 per GPU-second).
+
+Operating point. ``load`` multiplies the trace's arrival rate; the default 0.5 is
+:data:`kvdro.joint.paper.DEFAULT_LOAD` (at 1.0 eight A100s cannot carry the Azure traces). The SLO
+D_i of a class is fixed from its *training* outputs (:func:`kvdro.workload.default_slo_s`), so a
+shifted test trace is judged against the contract, not against itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from kvdro.experiments import traces as tr
+from kvdro.hardware import BLOCK_TOKENS
+from kvdro.experiments.runner import run_sweep
+
+__all__ = [
+    "ABLATION",
+    "DEFAULT_LOAD",
+    "LOADS",
+    "QUICK_TEST_S",
+    "RHOS_TABLE2",
+    "RHOS_TABLE4",
+    "SHIFTS",
+    "drift_cell",
+    "fig3",
+    "fig5a",
+    "fig5b",
+    "fig6",
+    "plan_cell",
+    "policy_cell",
+    "table2",
+    "table4",
+    "table5",
+]
+
+DEFAULT_LOAD = 0.5
+#: A ``quick`` cell serves only the first QUICK_TEST_S seconds of the test part [s].
+QUICK_TEST_S = 300.0
+RHOS_TABLE2 = (2, 5, 10, 20, 50, 100)
+RHOS_TABLE4 = (2, 10, 100)
+LOADS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+SHIFTS = (1.0, 1.5, 2.0, 2.5, 3.0)
+#: Table V's variants: the full plan and three ablations.
+ABLATION = ("bcd-dro", "no-routing", "no-dro", "no-prefix")
+#: Output-length cap of a shifted trace [tokens] (a generation limit; None = no cap).
+SHIFT_CAP = None
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------------
+def _slo_map(train: pd.DataFrame) -> dict[str, float]:
+    from kvdro.workload import default_slo_s
+
+    return {str(c): default_slo_s(float(g["output_tokens"].mean())) for c, g in train.groupby("request_class", sort=True)}
+
+
+def _test_part(trace: str, seed: int, *, quick: bool, load: float, shift: float, train_fraction: float = 0.5):
+    parts = tr.train_test(tr.load(trace, seed=seed), train_fraction)
+    test = tr.head(parts.test, QUICK_TEST_S) if quick else parts.test
+    test = tr.scale_load(test, load)
+    if shift != 1.0:
+        test = tr.shift(test, shift, max_output_tokens=SHIFT_CAP)
+    return parts.train, test
+
+
+def _summary(res, n_requests: int) -> dict:
+    """Metrics + both cost accountings of one simulation (see module docstring)."""
+    m = {k: v for k, v in res.metrics.items() if k != "wall_s"}
+    c = res.cost
+    req = res.requests
+    served = req["outcome"].isin(["completed", "truncated"]).to_numpy()
+    n_served = int(served.sum())
+    if res.policy == "vllm":
+        L = req["input_tokens"].to_numpy()
+        gen = req["generated_tokens"].to_numpy()
+        prompt_blocks = -(-L // BLOCK_TOKENS) * BLOCK_TOKENS
+        overflow = float(np.maximum(0, L + gen - prompt_blocks)[served].sum())
+        waste = float(c["waste_tokens"])
+    else:
+        overflow = float(c["overflow_tokens"])
+        waste = float(c["waste_tokens"])
+    newsvendor = c["c_p"] * overflow + c["c_w"] * waste
+    det = c["slo"] + c["rejection"] + c["gpu"]
+    out = dict(m)
+    out.update(
+        {
+            "n_requests": int(n_requests),
+            "lost": int(n_requests - m["completed"] - m["rejected"] - m["ignored"]),
+            "horizon_s": float(c["horizon_s"]),
+            "cost_preemption": float(c["preemption"]),
+            "cost_waste": float(c["waste"]),
+            "cost_slo": float(c["slo"]),
+            "cost_rejection": float(c["rejection"]),
+            "cost_gpu": float(c["gpu"]),
+            "overflow_tokens": overflow,
+            "waste_tokens": waste,
+            "cost_newsvendor": float(newsvendor),
+            "cost_paper": float(newsvendor + det),
+            "cost_realised": float(m["cost_total"]),
+            "newsvendor_per_req": float(newsvendor / max(n_served, 1)),
+            "cost_paper_per_req": float((newsvendor + det) / max(n_served, 1)),
+            "cost_realised_per_req": float(m["cost_total"] / max(n_served, 1)),
+            "buffer_mean": float(np.nanmean(req["buffer_tokens"].to_numpy(dtype=float)[served])) if res.policy != "vllm" else 0.0,
+        }
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# policy cells: Tables II, IV, Figures 3(a), 5(b)
+# ------------------------------------------------------------------------------------------------
+def policy_cell(
+    *,
+    trace: str,
+    seed: int,
+    policy: str,
+    rho: float,
+    load: float = DEFAULT_LOAD,
+    shift: float = 1.0,
+    quick: bool = False,
+    eps_fraction: float = 0.15,
+    max_num_seqs: int = 256,
+) -> dict:
+    """Fit ``policy``'s buffers on the training part of ``trace``, serve the test part (arrival rate x
+    ``load``, outputs x ``shift``) on the default deployment (vLLM's ``max_num_seqs`` sequences per
+    engine; raise it to let KV memory, not the sequence cap, bound the batch); metrics and costs."""
+    from kvdro.sim import default_deployment, policy_buffers, simulate
+
+    train, test = _test_part(trace, seed, quick=quick, load=load, shift=shift)
+    buffers = policy_buffers(policy, train, rho=rho, eps_fraction=eps_fraction)
+    dep = default_deployment(slo_s=_slo_map(train), max_num_seqs=int(max_num_seqs))
+    res = simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 1]))
+    return _summary(res, len(test))
+
+
+def _policy_sweep(cells: list[dict], n_jobs, progress, desc) -> pd.DataFrame:
+    return run_sweep(policy_cell, cells, n_jobs=n_jobs, progress=progress, desc=desc)
+
+
+def _traces(quick: bool, traces: Sequence[str] | None) -> tuple[str, ...]:
+    if traces is not None:
+        return tuple(traces)
+    return ("azure-2023-conv",) if quick else tr.REAL + tr.SYNTHETIC
+
+
+def _seeds(quick: bool, seeds: Sequence[int] | None) -> tuple[int, ...]:
+    if seeds is not None:
+        return tuple(int(s) for s in seeds)
+    return (0,) if quick else (0, 1, 2)
+
+
+def _expand(traces, seeds, **axes) -> list[dict]:
+    """Cells: real traces get seed 0 only (one realisation; the seed then only draws the routing)."""
+    import itertools
+
+    keys = list(axes)
+    cells = []
+    for trace in traces:
+        for seed in (seeds if trace in tr.SYNTHETIC else seeds[:1]):
+            for values in itertools.product(*(axes[k] for k in keys)):
+                cells.append({"trace": trace, "seed": int(seed), **dict(zip(keys, values))})
+    return cells
+
+
+def table2(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Table II: DRO vs P90 and P95 (and SAA) at rho in {2, 5, 10, 20, 50, 100}."""
+    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=("dro", "p90", "p95", "saa"),
+                    rho=RHOS_TABLE2, load=(DEFAULT_LOAD,), quick=(quick,))
+    return _policy_sweep(cells, n_jobs, progress, "table2")
+
+
+def table4(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Table IV: every policy (:data:`kvdro.sim.POLICIES`) at rho in {2, 10, 100}."""
+    from kvdro.sim import POLICIES
+
+    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=POLICIES, rho=RHOS_TABLE4,
+                    load=(DEFAULT_LOAD,), quick=(quick,))
+    return _policy_sweep(cells, n_jobs, progress, "table4")
+
+
+def fig3(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Figure 3(a): cost against the arrival-rate scaling, rho = 10."""
+    policies = ("vllm", "mean", "p90", "p95", "p99", "max", "saa", "dro")
+    loads = (0.5, 1.0, 1.5) if quick else LOADS
+    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=policies, rho=(10,), load=loads, quick=(quick,))
+    return _policy_sweep(cells, n_jobs, progress, "fig3a")
+
+
+def fig5b(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Figure 5(b): SAA vs DRO as the test outputs are scaled by s, rho in {2, 10, 100}."""
+    shifts = (1.0, 2.0, 3.0) if quick else SHIFTS
+    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=("saa", "dro"), rho=RHOS_TABLE4,
+                    shift=shifts, load=(DEFAULT_LOAD,), quick=(quick,))
+    return _policy_sweep(cells, n_jobs, progress, "fig5b")
+
+
+# ------------------------------------------------------------------------------------------------
+# drift: static vs rolling horizon (Figure 5(a))
+# ------------------------------------------------------------------------------------------------
+N_WINDOWS = 6
+
+
+def drift_cell(
+    *,
+    trace: str,
+    seed: int,
+    policy: str,
+    mode: str,
+    rho: float,
+    s_end: float,
+    load: float = DEFAULT_LOAD,
+    quick: bool = False,
+    n_windows: int = N_WINDOWS,
+) -> dict:
+    """Static vs rolling-horizon buffers on a drifting test part (outputs x 1 ... x ``s_end``).
+
+    ``mode="static"``: buffers fitted once on the training part. ``mode="rolling"``: the buffers of
+    window w are re-fitted on the requests of window w - 1 (observed outputs; window 0 uses the
+    training part) -- re-optimisation at each tick of the rolling horizon. One continuous
+    simulation: the requests of window w carry the class label ``"<class>@w"`` so that each window
+    has its own buffer; the SLO stays the training one. Per-window metrics are in the columns
+    ``w<k>_p99_s`` and ``w<k>_cost_per_req``.
+    """
+    from kvdro.sim import default_deployment, policy_buffers, simulate
+
+    if mode not in ("static", "rolling"):
+        raise ValueError(f"mode: must be 'static' or 'rolling', got {mode!r}")
+    parts = tr.train_test(tr.load(trace, seed=seed))
+    test = tr.head(parts.test, QUICK_TEST_S) if quick else parts.test
+    test = tr.drift(tr.scale_load(test, load), s_end, n_windows, max_output_tokens=SHIFT_CAP)
+    base = policy_buffers(policy, parts.train, rho=rho)
+    slo = _slo_map(parts.train)
+    labelled = test.copy()
+    labelled["request_class"] = [f"{c}@{w}" for c, w in zip(test["request_class"], test["window"])]
+    buffers: dict[str, float] = {}
+    for w in range(n_windows):
+        if mode == "static" or w == 0:
+            src = base
+        else:
+            prev = test[test["window"] == w - 1]
+            src = policy_buffers(policy, prev, rho=rho) if len(prev) >= 3 else base
+        for c in test["request_class"].unique():
+            buffers[f"{c}@{w}"] = float(src.get(str(c), base[str(c)]))
+    slo_w = {f"{c}@{w}": slo[str(c)] for c in test["request_class"].unique() for w in range(n_windows)}
+    dep = default_deployment(slo_s=slo_w)
+    labelled = labelled.drop(columns="window")
+    present = set(labelled["request_class"])
+    res = simulate(labelled, policy=policy, buffers={k: v for k, v in buffers.items() if k in present},
+                   deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 2]))
+    out = _summary(res, len(test))
+    req = res.requests
+    served = req["outcome"].isin(["completed", "truncated"]).to_numpy()
+    L = req["input_tokens"].to_numpy()
+    gen = req["generated_tokens"].to_numpy()
+    reserved = BLOCK_TOKENS * req["reserved_blocks"].to_numpy()
+    c_p = res.cost["c_p"]
+    loss = np.where(served, c_p * np.maximum(0, L + gen - reserved) + np.maximum(0, reserved - L - gen), 0.0)
+    windows = test["window"].to_numpy()
+    for w in range(n_windows):
+        m = (windows == w) & served
+        e2e = req["e2e_s"].to_numpy()[m]
+        out[f"w{w}_p99_s"] = float(np.percentile(e2e, 99)) if e2e.size else float("nan")
+        out[f"w{w}_cost_per_req"] = float(loss[m].mean()) if m.any() else float("nan")
+    return out
+
+
+def fig5a(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Figure 5(a): static vs rolling horizon under drift (s from 1 to 3 over the test part), rho = 10."""
+    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=("saa", "dro"), mode=("static", "rolling"),
+                    rho=(10,), s_end=(3.0,), load=(DEFAULT_LOAD,), quick=(quick,))
+    return run_sweep(drift_cell, cells, n_jobs=n_jobs, progress=progress, desc="fig5a")
+
+
+# ------------------------------------------------------------------------------------------------
+# plan cells: Table V, Figure 6
+# ------------------------------------------------------------------------------------------------
+HETERO = {"real": tr.REAL, "synthetic": tr.SYNTHETIC}
+PLAN_SAMPLES = 1000
+
+
+@lru_cache(maxsize=8)
+def _hetero(source: str, seed: int):
+    """The heterogeneous trace (code + conversation) of ``source``, split in time and into six
+    input-length sub-classes with the *training* part's bucket edges."""
+    from kvdro.workload import split_by_input_quantile
+
+    if source not in HETERO:
+        raise ValueError(f"source: must be one of {sorted(HETERO)}, got {source!r}")
+    df = pd.concat([tr.load(name, seed=seed) for name in HETERO[source]], ignore_index=True)
+    df = df.sort_values("arrival_s", kind="stable", ignore_index=True)
+    parts = tr.train_test(df)
+    train = split_by_input_quantile(parts.train, 3)
+    edges = train.attrs["input_edges"]
+    test = parts.test.copy()
+    labels = ["short", "medium", "long"]
+    new = test["request_class"].astype(object).to_numpy(copy=True)
+    for name, e in edges.items():
+        m = (test["request_class"] == name).to_numpy()
+        b = np.clip(np.searchsorted(np.asarray(e)[1:-1], test["input_tokens"].to_numpy()[m], side="left"), 0, 2)
+        new[m] = [f"{name}-{labels[k]}" for k in b]
+    test["request_class"] = pd.Series(new, index=test.index, dtype=object)
+    return train, test
+
+
+def _instance(train: pd.DataFrame, seed: int, *, rho: float, load: float, eps_fraction: float):
+    from kvdro.hardware import A100_80GB, LLAMA2_70B, PAPER_CONFIGS, config_performance
+    from kvdro.joint import Instance
+    from kvdro.workload import classes_from_trace
+
+    rng = np.random.default_rng([int(seed), 3])
+    classes = tuple(
+        replace(c.subsample(min(PLAN_SAMPLES, c.n_samples), rng), arrival_rate=c.arrival_rate * load)
+        for c in classes_from_trace(train)
+    )
+    configs = tuple(config_performance(LLAMA2_70B, A100_80GB, c) for c in PAPER_CONFIGS)
+    eps = tuple(eps_fraction * c.mean_output_tokens for c in classes)
+    return Instance(classes=classes, configs=configs, total_gpus=8, c_p=float(rho), eps=eps, name=f"hetero-seed{seed}")
+
+
+def _plan(source: str, seed: int, rho: float, load: float, eps_fraction: float, planner: str):
+    from kvdro.bcd import solve_bcd
+    from kvdro.joint import solve_exact
+
+    train, _ = _hetero(source, seed)
+    inst = _instance(train, seed, rho=rho, load=load, eps_fraction=eps_fraction)
+    if planner == "bcd":
+        return inst, solve_bcd(inst)
+    if planner == "exact":
+        return inst, solve_exact(inst)
+    raise ValueError(f"planner: must be 'bcd' or 'exact', got {planner!r}")
+
+
+def plan_cell(
+    *,
+    source: str,
+    seed: int,
+    variant: str,
+    rho: float = 10.0,
+    load: float = DEFAULT_LOAD,
+    shift: float = 1.0,
+    quick: bool = False,
+    planner: str = "bcd",
+    eps_fraction: float = 0.15,
+) -> dict:
+    """A plan of the joint problem fitted on the training part, served on the test part.
+
+    Variants (:data:`ABLATION`): ``"bcd-dro"`` the full plan; ``"no-routing"`` the same z, r, delta
+    with each class's admitted share spread uniformly over the deployed groups; ``"no-dro"`` the
+    plan of the same problem with eps = 0 (SAA); ``"no-prefix"`` the full plan with delta = 0.
+    """
+    from kvdro.joint import Solution, evaluate
+    from kvdro.sim import buffers_from_solution, deployment_from_solution, simulate
+
+    if variant not in ABLATION:
+        raise ValueError(f"variant: must be one of {ABLATION}, got {variant!r}")
+    inst, sol = _plan(source, seed, rho, load, 0.0 if variant == "no-dro" else eps_fraction, planner)
+    if variant == "no-routing":
+        share = sol.z / sol.z.sum()
+        sol = Solution(z=sol.z, r=sol.r, pi=sol.admitted[:, None] * share[None, :], delta=sol.delta, method="no-routing")
+    elif variant == "no-prefix":
+        sol = Solution(z=sol.z, r=sol.r, pi=sol.pi, delta=np.zeros_like(sol.delta), method="no-prefix")
+    model = evaluate(inst, sol)
+    _, test = _hetero(source, seed)
+    test = tr.head(test, QUICK_TEST_S) if quick else test
+    test = tr.scale_load(test, load)
+    if shift != 1.0:
+        test = tr.shift(test, shift, max_output_tokens=SHIFT_CAP)
+    dep = deployment_from_solution(inst, sol)
+    res = simulate(test, policy="saa" if variant == "no-dro" else "dro", buffers=buffers_from_solution(inst, sol),
+                   deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 4]))
+    out = _summary(res, len(test))
+    out.update(
+        {
+            "plan": dep.describe(),
+            "model_objective": float(model.total),
+            "model_preempt_waste": float(model.terms["preempt_waste"]),
+            "rejected_share_plan": float(np.average(sol.rejected, weights=inst.rates)),
+            "cached_pairs": int(sol.delta.sum()),
+        }
+    )
+    return out
+
+
+def table5(*, quick: bool = False, seeds=None, n_jobs=None, progress=True, planner: str = "bcd") -> pd.DataFrame:
+    """Table V: the BCD-DRO plan and its ablations, simulated (real trace seed 0; synthetic twins
+    for the spread over seeds)."""
+    seeds = _seeds(quick, seeds)
+    cells = [{"source": "real", "seed": 0, "variant": v, "quick": quick, "planner": planner} for v in ABLATION]
+    if not quick:
+        cells += [{"source": "synthetic", "seed": s, "variant": v, "quick": quick, "planner": planner} for s in seeds for v in ABLATION]
+    return run_sweep(plan_cell, cells, n_jobs=n_jobs, progress=progress, desc="table5")
+
+
+def fig6(*, quick: bool = False, seeds=None, n_jobs=None, progress=True, planner: str = "bcd") -> pd.DataFrame:
+    """Figure 6: the BCD-DRO plan vs the SAA plan (eps = 0) as the test outputs are scaled by s."""
+    seeds = _seeds(quick, seeds)
+    shifts = (1.0, 2.0, 3.0) if quick else SHIFTS
+    cells = [{"source": "real", "seed": 0, "variant": v, "shift": s, "quick": quick, "planner": planner}
+             for v in ("bcd-dro", "no-dro") for s in shifts]
+    if not quick:
+        cells += [{"source": "synthetic", "seed": sd, "variant": v, "shift": s, "quick": quick, "planner": planner}
+                  for sd in seeds for v in ("bcd-dro", "no-dro") for s in shifts]
+    return run_sweep(plan_cell, cells, n_jobs=n_jobs, progress=progress, desc="fig6")

@@ -1,0 +1,318 @@
+"""kvdro.experiments: the sweep runner (cache, processes, Dask), traces, analytic parts, verdicts, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvdro import newsvendor
+from kvdro.experiments import analytic, cache, paper, runner, verdicts
+from kvdro.experiments import traces as tr
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ runner
+def square(x: int, log: str | None = None) -> dict:
+    """A sweep cell for the tests; appends to ``log`` so a test can count real calls."""
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{x}\n")
+    return {"y": x * x, "pid": os.getpid()}
+
+
+def on_worker(x: int) -> dict:
+    """Reports whether it runs inside a Dask worker."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+        where = "dask"
+    except (ImportError, ValueError):
+        where = "local"
+    return {"y": x + 1, "where": where}
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_run_sweep_rows_in_cell_order(cache_dir):
+    df = runner.run_sweep(square, [{"x": x} for x in (3, 1, 2)], progress=False)
+    assert df["x"].tolist() == [3, 1, 2] and df["y"].tolist() == [9, 1, 4]
+
+
+def test_cache_hit_recomputes_nothing_and_code_change_recomputes(cache_dir, tmp_path, monkeypatch):
+    log = tmp_path / "calls.txt"
+    cells = [{"x": x, "log": str(log)} for x in range(4)]
+    first = runner.run_sweep(square, cells, progress=False)
+    assert log.read_text().split() == ["0", "1", "2", "3"]
+    second = runner.run_sweep(square, cells, progress=False)
+    assert log.read_text().split() == ["0", "1", "2", "3"]  # all four read from the cache
+    pd.testing.assert_frame_equal(first, second)
+    assert any(cache_dir.rglob("*.pkl")), "results must be on disk under the cache folder"
+    monkeypatch.setattr(runner, "code_fingerprint", lambda: "changed-code")
+    runner.run_sweep(square, cells, progress=False)
+    assert len(log.read_text().split()) == 8  # a new fingerprint is a new key
+
+
+def test_cache_off_always_computes(cache_dir, tmp_path):
+    log = tmp_path / "calls.txt"
+    cells = [{"x": 1, "log": str(log)}]
+    runner.run_sweep(square, cells, progress=False, cache=False)
+    runner.run_sweep(square, cells, progress=False, cache=False)
+    assert log.read_text().split() == ["1", "1"]
+
+
+def test_processes_give_the_same_rows(cache_dir):
+    cells = [{"x": x} for x in range(6)]
+    serial = runner.run_sweep(square, cells, n_jobs=1, cache=False, progress=False)
+    parallel = runner.run_sweep(square, cells, n_jobs=2, cache=False, progress=False)
+    assert parallel["y"].tolist() == serial["y"].tolist()
+    assert set(parallel["pid"]) != {os.getpid()}  # really ran in worker processes
+
+
+def test_dask_backend_runs_the_same_sweep_on_a_cluster(cache_dir):
+    """The documented recipe: a distributed Client + joblib.parallel_config(backend="dask")."""
+    joblib = pytest.importorskip("joblib")
+    distributed = pytest.importorskip("distributed")
+    cells = [{"x": x} for x in range(5)]
+    local = runner.run_sweep(on_worker, cells, cache=False, progress=False)
+    assert set(local["where"]) == {"local"}
+    with distributed.Client(processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None, n_workers=1, threads_per_worker=2):
+        with joblib.parallel_config(backend="dask"):
+            remote = runner.run_sweep(on_worker, cells, cache=False, progress=False)
+    assert set(remote["where"]) == {"dask"}
+    assert remote["y"].tolist() == local["y"].tolist()
+
+
+@pytest.mark.parametrize(
+    "cells, match",
+    [
+        ({"x": 1}, "cells"),
+        ([1, 2], r"cells\[0\]"),
+        ([{"x": [1, 2]}], "scalar"),
+        ([{"x": float("nan")}], "not finite"),
+    ],
+)
+def test_run_sweep_rejects_bad_cells(cells, match, cache_dir):
+    with pytest.raises(ValueError, match=match):
+        runner.run_sweep(square, cells, progress=False)
+
+
+def test_run_sweep_rejects_bad_n_jobs(cache_dir):
+    with pytest.raises(ValueError, match="n_jobs"):
+        runner.run_sweep(square, [{"x": 1}], n_jobs=0, progress=False)
+
+
+def test_cache_dir_defaults_to_the_build_folder(monkeypatch):
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    assert cache.cache_dir() == ROOT / "_build" / "kvdro-cache"
+
+
+# ------------------------------------------------------------------------------------------ traces
+def _toy(n: int = 300, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "arrival_s": np.sort(rng.uniform(0, 100, n)),
+            "input_tokens": rng.integers(1, 500, n),
+            "output_tokens": rng.integers(1, 300, n),
+            "request_class": pd.Series(np.where(rng.random(n) < 0.5, "a", "b"), dtype=object),
+        }
+    )
+
+
+def test_train_test_is_a_cut_in_time():
+    df = _toy()
+    parts = tr.train_test(df, 0.4)
+    assert len(parts.train) + len(parts.test) == len(df)
+    offset = parts.test.attrs["offset_s"]
+    assert parts.train["arrival_s"].max() < offset  # every training request came earlier
+    assert parts.test["arrival_s"].min() == 0.0
+    pd.testing.assert_series_equal(
+        (parts.test["arrival_s"] + offset).reset_index(drop=True),
+        df["arrival_s"].iloc[len(parts.train):].reset_index(drop=True),
+        check_names=False,
+    )
+
+
+@pytest.mark.parametrize("fraction", [0, 1, -0.5, 1.5])
+def test_train_test_rejects_bad_fraction(fraction):
+    with pytest.raises(ValueError, match="train_fraction"):
+        tr.train_test(_toy(), fraction)
+
+
+def test_scale_load_multiplies_the_rate():
+    df = _toy()
+    fast = tr.scale_load(df, 2.0)
+    span = lambda d: d["arrival_s"].max() - d["arrival_s"].min()  # noqa: E731
+    assert span(fast) == pytest.approx(span(df) / 2)
+    assert fast["output_tokens"].equals(df["output_tokens"])
+    with pytest.raises(ValueError, match="factor"):
+        tr.scale_load(df, 0)
+
+
+def test_drift_shifts_each_window_by_its_factor():
+    df = _toy(600)
+    d = tr.drift(df, 3.0, 5)
+    assert d.attrs["shifts"] == [1.0, 1.5, 2.0, 2.5, 3.0]
+    for w, s in enumerate(d.attrs["shifts"]):
+        m = (d["window"] == w).to_numpy()
+        expect = np.maximum(1, np.rint(s * df["output_tokens"].to_numpy()[m]))
+        assert np.array_equal(d["output_tokens"].to_numpy()[m], expect)
+    assert set(d["window"]) == set(range(5))
+    with pytest.raises(ValueError, match="n_windows"):
+        tr.drift(df, 2.0, 1)
+
+
+def test_synthetic_twin_is_seeded_and_calibrated():
+    a, b, c = tr.load("synthetic-conv", seed=0), tr.load("synthetic-conv", seed=0), tr.load("synthetic-conv", seed=1)
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["output_tokens"].equals(c["output_tokens"])
+    assert set(a["request_class"]) == {"conversation"}
+    # calibrated: the fitted conversation models have a mean output of ~211 tokens, ~5.5 req/s
+    assert 180 < a["output_tokens"].mean() < 240
+    assert 4.5 < len(a) / tr.TWIN_DURATION_S < 6.5
+
+
+def test_unknown_trace_is_an_error():
+    with pytest.raises(ValueError, match="name"):
+        tr.load("sharegpt")
+
+
+# ------------------------------------------------------------------------------------------ analytic
+def test_rule_buffers_match_their_definitions(rng):
+    x = rng.integers(1, 500, 400).astype(float)
+    b = analytic.rule_buffers(x, 10.0, eps_fraction=0.0)
+    assert b["saa"] == b["dro"]  # eps = 0: DRO is SAA
+    assert b["saa"] == newsvendor.saa_reservation(x, 10.0, 1.0)
+    assert b["max"] == x.max() and b["mean"] == pytest.approx(x.mean())
+    assert b["p90"] == np.quantile(x, 0.9, method="inverted_cdf")
+
+
+@pytest.mark.parametrize("rho", [2.0, 10.0, 100.0])
+def test_bounded_cost_theorem(rho, rng):
+    """Chapter 8's proposition: in-sample, SAA costs at most c_w (L_max - mean) and DRO at most that
+    plus c_w eps, for every rho; a quantile rule with q < 1 below the max grows linearly in rho."""
+    x = np.concatenate([rng.integers(1, 300, 500), [1000]]).astype(float)
+    L, mean, eps = x.max(), x.mean(), 0.15 * x.mean()
+    b = analytic.rule_buffers(x, rho)
+    bound = L - mean
+    assert newsvendor.expected_cost(x, b["saa"], rho, 1.0) <= bound + 1e-9
+    assert newsvendor.expected_cost(x, b["dro"], rho, 1.0) <= bound + eps + 1e-9
+    shortfall = np.mean(np.maximum(x - b["p90"], 0))
+    assert newsvendor.expected_cost(x, b["p90"], rho, 1.0) >= rho * shortfall - 1e-9 > 0
+
+
+@pytest.fixture
+def real_traces(data_dir, monkeypatch):
+    monkeypatch.setenv("KVDRO_DATA_DIR", str(data_dir))
+    tr._real.cache_clear()
+    yield
+    tr._real.cache_clear()
+
+
+def test_table2_analytic_in_sample_saa_is_optimal(real_traces):
+    t = analytic.table2_analytic(rhos=(2, 10, 100))
+    for (trace, rho), g in t.groupby(["trace", "rho"]):
+        saa = g.set_index("rule").cost_train["saa"]
+        assert (g.cost_train >= saa - 1e-9).all(), (trace, rho)
+
+
+def test_fig2b_tracks_q_star_exactly_where_dro_is_saa(real_traces):
+    f = analytic.fig2b()
+    saa = f[f.is_saa]
+    # on the training data the SAA buffer is the lower q*-quantile: F(eta) >= q* > F(eta-)
+    assert (saa.level_train >= saa.q_star - 1e-12).all()
+    jumped = f[~f.is_saa]
+    assert set(jumped.trace) == {"azure-2023-conv"}  # the code class never leaves SAA at 0.15 E[xi]
+    assert (jumped.threshold < 0.15).all() and (f[f.is_saa].threshold >= 0.15 - 1e-12).all()
+
+
+def test_eps_premium_below_threshold_is_exactly_cp_eps(real_traces):
+    e = analytic.eps_premium(rhos=(10,))
+    row = e[(e.trace == "azure-2023-code") & (e.eps_fraction == 0.15)].iloc[0]
+    parts = tr.train_test(tr.load("azure-2023-code"))
+    x = parts.train["output_tokens"].to_numpy(float)
+    v = newsvendor.expected_cost(x, newsvendor.saa_reservation(x, 10, 1), 10, 1)
+    assert row.in_sample == 0.0
+    assert row.value == pytest.approx(10 * 0.15 * x.mean() / v, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ paper + verdicts
+def test_paper_table2_gains_match_the_printed_ranges():
+    t = paper.table2()
+    for _, r in t.iterrows():
+        lo, hi = (int(v) for v in r.printed_gain.rstrip("%").split("-"))
+        gains = sorted([round(100 * r.gain_vs_p90), round(100 * r.gain_vs_p95)])
+        assert gains == [lo, hi], r.scenario
+
+
+def _t2(dro: float) -> pd.DataFrame:
+    rows = []
+    for rho in (2, 10):
+        for policy, cost in (("dro", dro), ("p90", 100.0), ("p95", 120.0), ("saa", 90.0)):
+            rows.append({"trace": "t", "seed": 0, "rho": rho, "policy": policy, verdicts.COST: cost})
+    return pd.DataFrame(rows)
+
+
+def test_table2_verdict_rule_can_go_either_way():
+    assert verdicts.table2_verdict(verdicts.table2_summary(_t2(50.0))).verdict == "holds"
+    assert verdicts.table2_verdict(verdicts.table2_summary(_t2(110.0))).verdict == "does not hold"
+
+
+def test_table4_verdict_uses_worst_regret():
+    rows = []
+    costs = {"dro": (10, 11, 12), "p90": (9, 20, 90), "max": (30, 30, 30)}
+    for p, cs in costs.items():
+        for rho, c in zip((2, 10, 100), cs):
+            rows.append({"trace": "t", "policy": p, "rho": rho, verdicts.COST: c})
+    s = pd.DataFrame(rows)
+    assert verdicts.table4_verdict(s).verdict == "holds"
+    s.loc[(s.policy == "dro") & (s.rho == 100), verdicts.COST] = 200
+    assert verdicts.table4_verdict(s).verdict == "does not hold"
+
+
+def test_verdict_rejects_unknown_label():
+    with pytest.raises(ValueError, match="verdict"):
+        verdicts.Verdict("c", "maybe", "r")
+
+
+# ------------------------------------------------------------------------------------------ CLI (must show)
+def test_cli_table4_quick_json(data_dir, tmp_path):
+    """`python -m kvdro.experiments table4 --quick --json`: every policy x rho in {2, 10, 100}, each
+    with finite cost, P99 latency, SLO-violation rate and preemptions, and no request lost."""
+    from kvdro.sim import POLICIES
+
+    env = dict(os.environ, KVDRO_DATA_DIR=str(data_dir), KVDRO_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run(
+        [sys.executable, "-m", "kvdro.experiments", "table4", "--quick", "--json"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=True,
+    )
+    payload = json.loads(out.stdout)
+    rows = payload["rows"]
+    assert {(r["policy"], r["rho"]) for r in rows} == {(p, rho) for p in POLICIES for rho in (2, 10, 100)}
+    assert len(rows) == len(POLICIES) * 3
+    for r in rows:
+        for key in ("cost_paper", "cost_realised", "e2e_p99_s", "slo_violation_rate", "preemptions"):
+            assert r[key] is not None and math.isfinite(r[key]), (r["policy"], r["rho"], key)
+        assert r["lost"] == 0
+        assert r["completed"] + r["rejected"] + r["ignored"] == r["n_requests"] > 0
+    assert payload["verdicts"] and payload["verdicts"][0]["verdict"] in verdicts.VERDICTS
+
+
+def test_cli_refuses_write_with_quick():
+    out = subprocess.run([sys.executable, "-m", "kvdro.experiments", "table4", "--quick", "--write"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "--write" in out.stderr
