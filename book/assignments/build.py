@@ -1,0 +1,155 @@
+"""Build the course kit: student notebooks and otter-grader autograders from the assignment masters.
+
+For every master ``book/assignments/<name>.md`` (a jupytext MyST notebook in otter-grader's
+assignment format) this writes, under ``OUT/<name>/`` (default ``_build/assignments``)::
+
+    master/<name>.ipynb                 the master converted to a notebook (what ``otter assign`` reads)
+    student/<name>.ipynb                solutions and hidden tests stripped, ``grader.check`` cells kept
+    autograder/<name>.ipynb             the solutions notebook
+    autograder/<name>-autograder.zip    the autograder (otter's timestamped zip, renamed to a stable name)
+
+and ``OUT/index.json`` (questions and points of every assignment). Grade one submission without
+Docker with ``otter run -a autograder/<name>-autograder.zip submission.ipynb``.
+
+The autograder zip carries the ``kvdro`` package itself (``files/kvdro``, which otter copies next to
+the submission, so ``import kvdro`` works in a grading container where kvdro is not installed) and a
+``requirements.txt`` with kvdro's pinned dependencies, so that ``otter grade`` can build its Docker
+image (Python 3.11). The real traces are not in the zip: set ``KVDRO_DATA_DIR`` where grading runs,
+or let ``kvdro.datasets`` download them.
+
+Usage::
+
+    python book/assignments/build.py [--out DIR] [--src DIR] [NAME ...]
+
+``--src`` builds masters kept elsewhere (e.g. a private variant of an assignment with other
+instances, for a graded course: the masters in this public repository contain their solutions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import jupytext
+import nbformat
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DEFAULT_OUT = ROOT / "_build" / "assignments"
+
+_FENCE = re.compile(r"```otter\n(.*?)\n```", re.DOTALL)
+
+
+def masters(src: Path = HERE) -> dict[str, Path]:
+    """Every assignment master ``a<N>_<topic>.md`` in ``src`` (default: this folder), by name."""
+    return {p.stem: p for p in sorted(Path(src).glob("a[0-9]*_*.md"))}
+
+
+def _config_blocks(text: str) -> list[dict]:
+    """The YAML of every ```otter fenced block of a master, in order."""
+    return [yaml.safe_load(block) or {} for block in _FENCE.findall(text)]
+
+
+def questions(master: Path) -> list[dict]:
+    """The questions of a master: name, points and whether they are graded by hand (``manual``)."""
+    out = []
+    for block in _FENCE.findall(master.read_text()):
+        lines = block.splitlines()
+        if lines and re.match(r"#\s*BEGIN\s+QUESTION", lines[0], re.IGNORECASE):
+            cfg = yaml.safe_load("\n".join(lines[1:])) or {}
+            out.append({"name": cfg["name"], "points": cfg.get("points", 1), "manual": bool(cfg.get("manual", False))})
+    return out
+
+
+def _requirements() -> list[str]:
+    """kvdro's pinned direct dependencies (pyproject.toml), for the grading image of ``otter grade``."""
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def _to_notebook(master: Path) -> nbformat.NotebookNode:
+    """Read a MyST master with jupytext and add the Docker-grading settings to its assignment config."""
+    nb = jupytext.read(master)
+    for cell in nb.cells:
+        source = cell.source.strip()
+        if cell.cell_type == "markdown" and source.startswith("```otter") and "ASSIGNMENT CONFIG" in source:
+            body = _FENCE.match(source)
+            if body is None or body.end() != len(source):
+                raise ValueError(f"{master}: the ASSIGNMENT CONFIG block must be a markdown cell of its own")
+            lines = body.group(1).splitlines()
+            config = yaml.safe_load("\n".join(lines[1:])) or {}
+            if config.get("name") != master.stem:
+                raise ValueError(f"{master}: ASSIGNMENT CONFIG name must be {master.stem!r}, got {config.get('name')!r}")
+            config["requirements"] = "requirements.txt"
+            config["autograder_files"] = sorted(set(config.get("autograder_files", [])) | {"kvdro"})
+            cell.source = "```otter\n# ASSIGNMENT CONFIG\n" + yaml.safe_dump(config, sort_keys=False) + "```"
+            return nb
+    raise ValueError(f"{master}: no ```otter block starting with '# ASSIGNMENT CONFIG'")
+
+
+def build_one(name: str, master: Path, out: Path) -> dict:
+    """Build one assignment into ``out/name``; return its summary (paths, questions, points)."""
+    target = out / name
+    if target.exists():
+        shutil.rmtree(target)
+    src = target / "master"
+    src.mkdir(parents=True)
+    nbformat.write(_to_notebook(master), src / f"{name}.ipynb")
+    (src / "requirements.txt").write_text("\n".join(_requirements()) + "\n")
+    shutil.copytree(ROOT / "kvdro", src / "kvdro", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    cmd = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(src / f"{name}.ipynb"), str(target)]
+    run = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"otter assign failed for {name}:\n{run.stdout}\n{run.stderr}")
+    zips = sorted((target / "autograder").glob(f"{name}-autograder_*.zip"))
+    if len(zips) != 1:
+        raise RuntimeError(f"otter assign wrote {len(zips)} autograder zips for {name}, expected 1")
+    zips[0].rename(target / "autograder" / f"{name}-autograder.zip")
+    shutil.rmtree(src / "kvdro")
+    qs = questions(master)
+    return {
+        "name": name,
+        "master": str(master.relative_to(ROOT)) if master.is_relative_to(ROOT) else str(master),
+        "student": f"{name}/student/{name}.ipynb",
+        "autograder": f"{name}/autograder/{name}-autograder.zip",
+        "questions": qs,
+        "autograded_points": sum(q["points"] for q in qs if not q["manual"]),
+        "manual_points": sum(q["points"] for q in qs if q["manual"]),
+    }
+
+
+def build(out: Path = DEFAULT_OUT, names: list[str] | None = None, src: Path = HERE) -> list[dict]:
+    """Build the named assignments of ``src`` (default: all) into ``out``; write ``out/index.json``."""
+    available = masters(src)
+    chosen = names or list(available)
+    unknown = sorted(set(chosen) - set(available))
+    if unknown:
+        raise ValueError(f"names: unknown assignment(s) {unknown}; available: {sorted(available)}")
+    out.mkdir(parents=True, exist_ok=True)
+    summary = [build_one(n, available[n], out) for n in chosen]
+    index = out / "index.json"
+    old = {a["name"]: a for a in json.loads(index.read_text())} if index.exists() and names else {}
+    old.update({a["name"]: a for a in summary})
+    index.write_text(json.dumps([old[n] for n in sorted(old)], indent=1) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="assignments to build (default: all)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default _build/assignments)")
+    parser.add_argument("--src", type=Path, default=HERE, help="folder of masters (default book/assignments)")
+    args = parser.parse_args(argv)
+    for a in build(args.out.resolve(), args.names or None, args.src.resolve()):
+        print(f"{a['name']}: {a['autograded_points']} autograded + {a['manual_points']} written points "
+              f"-> {args.out / a['student']}, {args.out / a['autograder']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The course kit (book/assignments): masters, student notebooks and otter-grader autograders.
+
+Built once per session into a temporary folder with the same code as ``make assignments``. For
+every assignment: the master's solutions get full points from ``otter run`` (public and hidden
+tests); the student notebook runs top to bottom without error (``otter run --debug`` stops on any
+error) and scores zero; the student notebook contains no solution line and no hidden test; plausible
+wrong answers get a message that says what is wrong. Needs the real traces (``KVDRO_DATA_DIR``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jupytext
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("kvdro_course_build", ROOT / "book" / "assignments" / "build.py")
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+
+ASSIGNMENTS = sorted(build.masters())
+
+
+# ----------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory, data_dir) -> Path:
+    """Every assignment built by book/assignments/build.py into a temporary folder."""
+    out = tmp_path_factory.mktemp("assignments")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVDRO_DATA_DIR", str(data_dir))
+    try:
+        build.build(out)
+        yield out
+    finally:
+        mp.undo()
+
+
+def _otter_run(kit: Path, name: str, notebook: Path, out: Path, *, debug: bool = False) -> dict[str, tuple[float, float]]:
+    """Grade ``notebook`` with ``otter run`` (no Docker); return {question: (score, max_score)}."""
+    zip_path = kit / name / "autograder" / f"{name}-autograder.zip"
+    cmd = [sys.executable, "-m", "otter", "run", "--no-logo", "-a", str(zip_path), "-o", str(out), str(notebook)]
+    if debug:
+        cmd.insert(4, "--debug")
+    run = subprocess.run(cmd, capture_output=True, text=True)  # inherits KVDRO_DATA_DIR (set by ``kit``)
+    assert run.returncode == 0, f"otter run failed on {notebook.name} (debug={debug}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    results = json.loads((out / "results.json").read_text())
+    return {t["name"]: (float(t["score"]), float(t["max_score"])) for t in results["tests"] if "max_score" in t}
+
+
+def _autograded(name: str) -> dict[str, float]:
+    return {q["name"]: float(q["points"]) for q in build.questions(build.masters()[name]) if not q["manual"]}
+
+
+def _test_file(kit: Path, name: str, question: str) -> str:
+    with zipfile.ZipFile(kit / name / "autograder" / f"{name}-autograder.zip") as zf:
+        return zf.read(f"tests/{question}.py").decode()
+
+
+_ENVS: dict[str, dict] = {}
+
+
+def _master_env(name: str) -> dict:
+    """The globals after running every code cell of the master (solutions and test cells) in-process."""
+    if name not in _ENVS:
+        nb = jupytext.read(build.masters()[name])
+        env: dict = {"__name__": f"master_{name}", "display": lambda *a, **k: None}
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                exec(compile(cell.source, f"<{name} master>", "exec"), env)
+        _ENVS[name] = env
+    return _ENVS[name]
+
+
+# ----------------------------------------------------------------------------------------- layout
+def test_at_least_four_assignments_with_points(kit):
+    assert len(ASSIGNMENTS) >= 4, ASSIGNMENTS
+    index = {a["name"]: a for a in json.loads((kit / "index.json").read_text())}
+    assert sorted(index) == ASSIGNMENTS
+    for name in ASSIGNMENTS:
+        assert (kit / name / "student" / f"{name}.ipynb").is_file()
+        assert (kit / name / "autograder" / f"{name}-autograder.zip").is_file()
+        assert index[name]["autograded_points"] == sum(_autograded(name).values()) > 0
+        assert index[name]["manual_points"] > 0, f"{name}: every assignment has a written (derivation) question"
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_every_question_has_public_and_hidden_tests(kit, name):
+    for question in _autograded(name):
+        source = _test_file(kit, name, question)
+        hidden = re.findall(r"@test_case\(.*?hidden=(True|False)", source)
+        assert "False" in hidden, f"{name}/{question}: no public test (the student sees nothing)"
+        assert "True" in hidden, f"{name}/{question}: no hidden test"
+    with zipfile.ZipFile(kit / name / "autograder" / f"{name}-autograder.zip") as zf:
+        names = set(zf.namelist())
+    assert "files/kvdro/__init__.py" in names, "the zip carries kvdro for Docker grading (otter grade)"
+    # otter folds requirements.txt (kvdro's pins) into the grading image's conda environment
+    with zipfile.ZipFile(kit / name / "autograder" / f"{name}-autograder.zip") as zf:
+        env_yml = zf.read("environment.yml").decode()
+    assert "python=3.11" in env_yml and "cvxpy==" in env_yml, env_yml
+
+
+# ----------------------------------------------------------------------------------------- grading
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_master_gets_full_points(kit, name, tmp_path):
+    scores = _otter_run(kit, name, kit / name / "autograder" / f"{name}.ipynb", tmp_path)
+    expected = _autograded(name)
+    assert {q: s for q, (s, _) in scores.items()} == expected, f"{name}: scores {scores}, points {expected}"
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_blank_student_notebook_runs_and_scores_zero(kit, name, tmp_path):
+    # --debug: otter stops (non-zero exit) on the first cell that raises, so this also proves that the
+    # blank notebook runs top to bottom
+    scores = _otter_run(kit, name, kit / name / "student" / f"{name}.ipynb", tmp_path, debug=True)
+    assert {q: m for q, (_, m) in scores.items()} == _autograded(name)
+    assert {q: s for q, (s, _) in scores.items() if s != 0} == {}, f"{name}: a blank notebook scores points: {scores}"
+
+
+# ----------------------------------------------------------------------------------------- no leaks
+def _solution_lines(master: Path) -> tuple[set[str], set[str]]:
+    """(lines of solution code and written solutions, lines of hidden tests) of a master.
+
+    A solution line that the master also gives outside every solution block (e.g. a ``for`` header
+    repeated in a given print loop) is not a leak and is left out.
+    """
+    nb = jupytext.read(master)
+    solution, hidden, given, in_md_solution = set(), set(), set(), False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for block in re.split(r"```otter\n(.*?)\n```", cell.source, flags=re.DOTALL):
+                head = block.strip().splitlines()[:1]
+                if head and re.match(r"#\s*BEGIN SOLUTION", head[0]):
+                    in_md_solution = True
+                elif head and re.match(r"#\s*END SOLUTION", head[0]):
+                    in_md_solution = False
+                elif in_md_solution:
+                    solution |= {ln.strip() for ln in block.splitlines() if len(ln.strip()) > 20}
+            continue
+        lines = cell.source.splitlines()
+        if lines and "BEGIN TEST CONFIG" in lines[0] and re.search(r"hidden:\s*true", cell.source):
+            hidden |= {ln.strip() for ln in lines if len(ln.strip()) > 20 and "TEST CONFIG" not in ln}
+        if lines and ("BEGIN TEST CONFIG" in lines[0] or lines[0].startswith("def test_")):
+            continue  # a test cell: public tests are meant to be seen, hidden ones are collected above
+        inside = False
+        for ln in lines:
+            if re.match(r"\s*# BEGIN SOLUTION", ln):
+                inside = True
+            elif re.match(r"\s*# END SOLUTION", ln):
+                inside = False
+            elif (inside or ln.rstrip().endswith("# SOLUTION")) and len(ln.strip()) > 12:
+                solution.add(ln.strip())
+            else:
+                given.add(ln.strip())
+    return solution - given, hidden - given
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_student_notebook_leaks_no_solution(kit, name):
+    student = json.loads((kit / name / "student" / f"{name}.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in student["cells"])
+    text += "\n" + json.dumps(student["metadata"]).replace("\\n", "\n")
+    student_lines = {ln.strip() for ln in text.splitlines()}
+    public = "\n".join(student["metadata"]["otter"]["tests"].values())
+    solution, hidden = _solution_lines(build.masters()[name])
+    assert solution and hidden, f"{name}: found no solution or hidden-test lines to look for"
+    assert sorted(solution & student_lines) == [], f"{name}: solution lines in the student notebook"
+    hidden_only = {ln for ln in hidden if ln not in public}
+    assert sorted(hidden_only & student_lines) == [], f"{name}: hidden-test lines in the student notebook"
+    assert "hidden=True" not in public, f"{name}: a hidden test is stored in the student notebook"
+    for fn in re.findall(r"def (test_\w+)\(", "\n".join(hidden)):
+        assert fn not in text, f"{name}: hidden test {fn} named in the student notebook"
+
+
+# ----------------------------------------------------------------------------------------- helpful messages
+#: (assignment, question, a plausible wrong answer, words the failure message must contain)
+WRONG_ANSWERS = [
+    ("a1_newsvendor", "q1", """
+def cost_slope(samples, eta, c_p, c_w):
+    return (c_p + c_w) * np.mean(np.asarray(samples) <= eta) - c_w
+""", "slope starts at -c_p"),
+    ("a1_newsvendor", "q2", """
+def critical_fractile(c_p, c_w):
+    return c_w / (c_p + c_w)
+""", "1 - q*: the roles of c_p and c_w are swapped"),
+    ("a1_newsvendor", "q3", """
+def saa_buffer(samples, c_p, c_w):
+    return float(np.quantile(samples, c_w / (c_p + c_w), method="inverted_cdf"))
+""", "which is 1 - q*"),
+    ("a1_newsvendor", "q3", """
+def saa_buffer(samples, c_p, c_w):
+    return float(np.quantile(samples, c_p / (c_p + c_w)))
+""", "lower quantile"),
+    ("a1_newsvendor", "q4", """
+def saa_lp(samples, c_p, c_w):
+    xi = np.asarray(samples, dtype=float)
+    eta, theta = cp.Variable(), cp.Variable(xi.size)
+    cons = [theta >= c_w * (xi - eta), theta >= c_p * (eta - xi)]
+    return cp.Problem(cp.Minimize(cp.sum(theta) / xi.size), cons), eta
+""", "1 - q* quantile"),
+    ("a2_wasserstein", "q1", """
+def dual_lp(samples, eta, c_p, c_w, eps, L_max):
+    xi = np.asarray(samples, dtype=float)
+    gamma, theta = cp.Variable(nonneg=True), cp.Variable(xi.size, nonneg=True)
+    cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi),
+            theta >= c_p * (L_max - eta) + gamma * (L_max - xi), theta >= c_w * eta + gamma * xi]
+    return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
+""", "sign of the gamma terms"),
+    ("a2_wasserstein", "q1", """
+def dual_lp(samples, eta, c_p, c_w, eps, L_max):
+    xi = np.asarray(samples, dtype=float)
+    gamma, theta = cp.Variable(nonneg=True), cp.Variable(xi.size, nonneg=True)
+    cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi)]
+    return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
+""", "(8e)-(8f), which let mass move"),
+    ("a2_wasserstein", "q4", """
+def threshold_radius(samples, c_p, c_w, L_max, tol=1e-3):
+    return 0.15 * float(np.mean(samples))  # the paper's radius, not the threshold
+""", "robust buffer"),
+    ("a3_joint_milp", "q1", """
+def memory_and_reservation_cost(d, v):
+    I, K = len(d["lam"]), len(d["M"])
+    memory = [sum(d["lam"][i] * d["H"][i, k] * (d["L_in"][i] + d["eta"][i]) @ v["w"][i][k] for i in range(I))
+              <= d["M"][k] * v["z"][k] for k in range(K)]
+    cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
+    return memory, cost
+""", "factor 1 + kappa"),
+    ("a3_joint_milp", "q1", """
+def memory_and_reservation_cost(d, v):
+    I, K = len(d["lam"]), len(d["M"])
+    memory = [sum((1 + d["kappa"]) * d["lam"][i] * d["T"][i, k] * (d["L_in"][i] + d["eta"][i]) @ v["w"][i][k]
+                  for i in range(I)) <= d["M"][k] * v["z"][k] for k in range(K)]
+    cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
+    return memory, cost
+""", "residence time H"),
+    ("a3_joint_milp", "q2", """
+def mccormick_links(d, v):
+    return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
+            for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] <= v["pi"][i, k])]
+""", "w >= pi + x - 1 is missing"),
+    ("a3_joint_milp", "q3", """
+def disaggregated_links(d, v):
+    return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
+            for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] <= v["pi"][i, k])]
+""", "sum_c w_ikc = pi_ik"),
+    ("a4_policy", "q1", """
+def holdout(trace, n_test):
+    mid = len(trace) // 2
+    test = trace.iloc[mid:mid + n_test]
+    return trace.iloc[:mid], test.assign(arrival_s=test["arrival_s"] - test["arrival_s"].min())
+""", "BY ARRIVAL TIME"),
+    ("a4_policy", "q2", """
+def my_buffers(train, rho):
+    return {str(c): float(np.quantile(p["output_tokens"], 1 / (rho + 1), method="inverted_cdf"))
+            for c, p in train.groupby("request_class")}
+""", "never make the policy reserve less"),
+    ("a4_policy", "q3", """
+def evaluate(test, policies, *, rho, seed, deployment):
+    rng = np.random.default_rng(seed)  # one generator shared by every policy
+    rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
+                            rho=rho, rng=rng).metrics for label, b in policies.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
+""", "own np.random.default_rng(seed)"),
+    ("a4_policy", "q3", """
+def evaluate(test, policies, *, rho, seed, deployment):
+    rows = {label: simulate(test, policy="vllm" if b is None else "dro", buffers=None, deployment=deployment,
+                            rho=rho, rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
+""", "refits the buffers on the TEST trace"),
+    ("a4_policy", "q3", """
+def evaluate(test, policies, *, rho, seed, deployment):
+    rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
+                            rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
+""", "pass rho to simulate"),
+]
+
+
+@pytest.mark.parametrize(
+    "name, question, wrong, hint", WRONG_ANSWERS, ids=[f"{a}-{q}-{i}" for i, (a, q, _, _) in enumerate(WRONG_ANSWERS)]
+)
+def test_wrong_answer_gets_a_helpful_message(kit, name, question, wrong, hint):
+    from otter.test_files import ExceptionTestFile
+
+    tests = ExceptionTestFile.from_string(_test_file(kit, name, question), path=f"{question}.py")
+    right = dict(_master_env(name))
+    tests.run(right)
+    assert all(r.passed for r in tests.test_case_results), f"{name}/{question}: the master fails its own tests"
+    env = dict(right)
+    exec(compile(wrong, f"<wrong {name}/{question}>", "exec"), env)
+    tests.run(env)
+    failed = [r for r in tests.test_case_results if not r.passed]
+    assert failed, f"{name}/{question}: the wrong answer passes every test"
+    messages = "\n".join((r.message or "") + (r.test_case.failure_message or "") for r in failed)
+    assert hint in messages, f"{name}/{question}: the message does not say {hint!r}:\n{messages}"
