@@ -2,6 +2,7 @@
 #   make book   -- create .venv if missing, install, execute every chapter, build _build/html (strict)
 #   make test   -- same set-up, build the book, then unit/property/browser tests and every chapter under nbval
 #   make lab    -- JupyterLab in which the book/*.md chapters open as notebooks (jupytext)
+#   make assignments -- the course kit: student notebooks + otter autograders in _build/assignments
 
 PYTHON ?= python3
 VENV   := .venv
@@ -16,7 +17,7 @@ export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
 
-.PHONY: book test lab bench clean install notebooks
+.PHONY: book test lab bench clean install notebooks assignments
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +27,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-book: $(STAMP)
+# The course kit (chapter 9): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
+# autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
+ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py $(shell find kvdro -name '*.py')
+_build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
+	$(BIN)/python book/assignments/build.py --out _build/assignments
+
+assignments: _build/assignments/index.json
+
+book: $(STAMP) _build/assignments/index.json
 	$(BIN)/jupyter-book build -n -W --keep-going .
 	@du -sh _build/html
 
