@@ -316,3 +316,21 @@ def test_cli_refuses_write_with_quick():
     out = subprocess.run([sys.executable, "-m", "kvdro.experiments", "table4", "--quick", "--write"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2 and "--write" in out.stderr
+
+
+def test_table5_routing_cannot_be_checked_with_one_configuration():
+    """Uniform routing over one configuration is the full plan itself: no verdict either way."""
+    import pandas as pd
+
+    from kvdro.experiments import verdicts
+
+    rows = []
+    for plan in ("x: 2 x TP4-PP1 (8 GPUs)", "x: 1 x TP2-PP1 + 1 x TP4-PP1 (6 GPUs)"):
+        for variant, cost, p99 in (("bcd-dro", 100.0, 10.0), ("no-routing", 100.0, 10.0), ("no-dro", 90.0, 10.0), ("no-prefix", 100.0, 13.0)):
+            rows.append({"source": plan[3:5], "variant": variant, "seed": 0, verdicts.COST: cost, "cost_realised_per_req": cost,
+                         "e2e_p99_s": p99, "goodput_rps": 1.0, "slo_violation_rate": 0.1, "preemptions": 0, "rejected": 0, "plan": plan})
+    summary = verdicts.table5_summary(pd.DataFrame(rows))
+    one, two = (verdicts.table5_verdict(summary, src) for src in ("2 ", "1 "))
+    assert one[0].verdict == "cannot be checked" and "one configuration" in one[0].reason
+    assert two[0].verdict == "does not hold"  # two configurations: +0% is a real result
+    assert one[1].verdict == two[1].verdict == "does not hold" and one[2].verdict == "holds"
