@@ -23,15 +23,15 @@ within one run, as ratios. Needs the Azure 2023 traces (``KVDRO_DATA_DIR``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import multiprocessing as mp
-import os
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+
+from kvdro.bench._common import quiet_fd1
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 GOAL_S = 10.0  # BCD on the large instance
@@ -47,23 +47,6 @@ ROLLING_SHIFTS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
 COMMAND = "KVDRO_DATA_DIR=../shared/data .venv/bin/python -m kvdro.bench bcd"
 
 
-@contextlib.contextmanager
-def _quiet_fd1():
-    """HiGHS writes a banner to fd 1 from C; keep the table readable."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _instance(spec: tuple):
@@ -82,7 +65,7 @@ def _exact_child(spec: tuple, time_limit: float, queue) -> None:
     from kvdro.joint import Solution, evaluate, solve_milp
 
     try:
-        with _quiet_fd1():
+        with quiet_fd1():
             inst = _instance(spec)
             t0 = time.perf_counter()
             res = solve_milp(inst, time_limit=time_limit)
@@ -130,7 +113,7 @@ def run_bcd_spec(inst, **kw) -> dict:
     from kvdro.bcd import run_bcd
     from kvdro.joint import evaluate
 
-    with _quiet_fd1():
+    with quiet_fd1():
         run = run_bcd(inst, **kw)
     ev = evaluate(inst, run.solution)
     return {
@@ -255,7 +238,7 @@ def part_rolling(args) -> bool:
         _warm(w)
     rows = []
     for method in ("bcd-warm", "bcd-cold", "static", "exact"):
-        with _quiet_fd1():
+        with quiet_fd1():
             for res in reoptimise(windows, ROLLING_SHIFTS, method=method, time_limit=600.0):
                 rows.append({"window": res.window, "shift": res.shift, "method": method, "objective": res.objective,
                              "time_s": res.time_s, "z": " ".join(map(str, res.solution.z))})

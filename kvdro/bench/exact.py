@@ -23,16 +23,15 @@ ratios measured in the same run are meaningful, and CPU time (all threads) is re
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from kvdro.bench._common import quiet_fd1
 
 GOAL_S = 60.0
 LARGE_GOAL_S = 10.0
@@ -45,23 +44,6 @@ CGPU_GRID = (0.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0)
 PARTS = ("small", "ladder", "large", "cgpu")
 
 
-@contextlib.contextmanager
-def _quiet_fd1():
-    """HiGHS writes a banner to fd 1 from C; keep the table readable."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _timed(fn, *args, **kwargs):
@@ -85,7 +67,7 @@ def run_small(seeds: int) -> bool:
     worst, ok = 0.0, True
     for seed in range(seeds):
         inst = paper_instance("small", seed)
-        with _quiet_fd1():
+        with quiet_fd1():
             sol, wall, _ = _timed(solve_exact, inst)
         ev = evaluate(inst, sol)
         ok &= sol.status == "optimal" and ev.feasible and abs(ev.total - sol.objective) <= 1e-6 * abs(sol.objective)
@@ -105,7 +87,7 @@ def run_ladder(node_limit: int, time_limit: float) -> bool:
 
     inst = paper_instance("small", 0)
     rows = []
-    with _quiet_fd1():
+    with quiet_fd1():
         for name in LADDER:
             lp = solve_relaxation(inst, formulation=name)
             res = solve_milp(inst, formulation=name, node_limit=node_limit, time_limit=time_limit)
@@ -157,7 +139,7 @@ def run_large(seeds: int, time_limit: float) -> bool:
         for name in ("band-cut", "disaggregated"):
             with tempfile.TemporaryDirectory() as tmp:
                 log = Path(tmp) / "highs.log"
-                with _quiet_fd1():
+                with quiet_fd1():
                     res, wall, cpu = _timed(solve_milp, inst, formulation=name, time_limit=time_limit,
                                             highs_options={"log_file": str(log)})
                 presolve = _presolve_seconds(log.read_text()) if log.exists() else float("nan")
@@ -192,7 +174,7 @@ def run_cgpu() -> bool:
 
     rows = []
     base = paper_instance("small", 0)
-    with _quiet_fd1():
+    with quiet_fd1():
         for c_gpu in CGPU_GRID:
             inst = paper_instance("small", 0, c_gpu=c_gpu)
             sol = solve_exact(inst)

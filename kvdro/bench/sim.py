@@ -16,22 +16,15 @@ are preempted).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+
+from kvdro.bench._common import timed
 
 SPEED_GOAL_S = 2.0
 N_CONV = 19_366
 
 
-def _timed(fn, repeats: int):
-    times, value = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        value = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), value
 
 
 def main(argv: list[str]) -> int:
@@ -61,8 +54,8 @@ def main(argv: list[str]) -> int:
     ok_speed = ok_same = True
     for policy, name, dep in cases:
         run = lambda engine: simulate(trace, policy=policy, deployment=dep, rng=np.random.default_rng(0), engine=engine)  # noqa: E731
-        t_fast, fast = _timed(lambda: run("fast"), args.repeats)
-        t_ref, ref = _timed(lambda: run("reference"), args.repeats)
+        t_fast, fast = timed(lambda: run("fast"), args.repeats)
+        t_ref, ref = timed(lambda: run("reference"), args.repeats)
         same = ({k: v for k, v in fast.metrics.items() if k != "wall_s"} == {k: v for k, v in ref.metrics.items() if k != "wall_s"}
                 and fast.requests.equals(ref.requests)
                 and all(a.totals() == b.totals() for a, b in zip(fast.outputs, ref.outputs)))

@@ -10,11 +10,10 @@ As information (no bar), the robust buffer by its closed form against the joint 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
+from kvdro.bench._common import timed
 from kvdro import wasserstein as ws
 from kvdro.newsvendor import saa_reservation
 
@@ -22,14 +21,6 @@ SPEED_GOAL = 100.0
 AGREEMENT_GOAL = 1e-6
 
 
-def _timed(fn, repeats: int) -> tuple[float, float]:
-    """(median seconds, last value) over ``repeats`` calls."""
-    times, value = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        value = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), value
 
 
 def main(argv: list[str]) -> int:
@@ -52,8 +43,8 @@ def main(argv: list[str]) -> int:
           f"{'t_closed [ms]':>14} {'t_LP [ms]':>10} {'ratio':>8}")
     ratios, diffs = [], []
     for eta in etas:
-        t_closed, closed = _timed(lambda: ws.worst_case_cost(samples, eta, c_p, c_w, eps, L_max), 15)
-        t_lp, lp = _timed(
+        t_closed, closed = timed(lambda: ws.worst_case_cost(samples, eta, c_p, c_w, eps, L_max), 15)
+        t_lp, lp = timed(
             lambda: ws.worst_case_cost(samples, eta, c_p, c_w, eps, L_max, method="dual_lp"), 1
         )
         diff = abs(closed - lp) / max(abs(lp), 1e-12)
@@ -62,8 +53,8 @@ def main(argv: list[str]) -> int:
         print(f"{eta:12.1f} {closed:14.6f} {lp:14.6f} {diff:10.1e} {1e3 * t_closed:14.2f} "
               f"{1e3 * t_lp:10.1f} {t_lp / t_closed:8.0f}")
 
-    t_fast, fast = _timed(lambda: ws.dro_solution(samples, c_p, c_w, eps, L_max), 5)
-    t_joint, joint = _timed(lambda: ws.dro_solution(samples, c_p, c_w, eps, L_max, method="lp"), 1)
+    t_fast, fast = timed(lambda: ws.dro_solution(samples, c_p, c_w, eps, L_max), 5)
+    t_joint, joint = timed(lambda: ws.dro_solution(samples, c_p, c_w, eps, L_max, method="lp"), 1)
     print(f"robust buffer: closed form eta = {fast.eta:.2f} (SAA {saa_reservation(samples, c_p, c_w):.2f}),"
           f" cost {fast.cost:.6f} in {1e3 * t_fast:.2f} ms; joint LP eta = {joint.eta:.2f},"
           f" cost {joint.cost:.6f} in {1e3 * t_joint:.0f} ms (ratio {t_joint / t_fast:.0f}x)")
