@@ -436,7 +436,7 @@ def _em_lognormal_mixture(
     """EM for a k-component Gaussian mixture on distinct log lengths weighted by their counts.
 
     Deterministic start: means at the k quantiles (j + 1/2)/k of the data. Returns weights, means,
-    standard deviations (sorted by mean) and the log-likelihood.
+    standard deviations (in a canonical order: by mean, then sd, then weight) and the log-likelihood.
     """
     n = count.sum()
     cum = np.cumsum(count) / n
@@ -459,7 +459,10 @@ def _em_lognormal_mixture(
         if ll - ll_old <= tol * abs(ll):
             break
         ll_old = ll
-    order = np.argsort(mu)
+    # Canonical order: by mean, then sd, then weight (descending). Components that EM leaves at the
+    # same (mean, sd) -- it happens at the sd floor -- differ only in the last bits, so the keys are
+    # rounded: the order, and so what ``sample`` draws, must not depend on the BLAS or the CPU.
+    order = np.lexsort((-w, np.round(sd, 8), np.round(mu, 8)))
     return w[order] / w.sum(), mu[order], sd[order], ll
 
 
