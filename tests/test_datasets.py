@@ -248,7 +248,7 @@ def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs, monkeypa
             df = datasets.load_trace("burstgpt")
     assert df.attrs["dropped_failed"] == 1 and len(df) == 4
     assert list(df.columns) == list(datasets.SCHEMA)
-    np.testing.assert_array_equal(df["arrival_s"], [0.0, 1.0, 4.0, 7.0])
+    np.testing.assert_allclose(df["arrival_s"], [0.0, 1.0, 4.0, 7.0], rtol=0, atol=1e-9)
     assert list(df["request_class"]) == [
         "ChatGPT-Conversation log",
         "ChatGPT-Conversation log",

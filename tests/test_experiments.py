@@ -246,7 +246,7 @@ def test_eps_premium_below_threshold_is_exactly_cp_eps(real_traces):
     parts = tr.train_test(tr.load("azure-2023-code"))
     x = parts.train["output_tokens"].to_numpy(float)
     v = newsvendor.expected_cost(x, newsvendor.saa_reservation(x, 10, 1), 10, 1)
-    assert row.in_sample == 0.0
+    assert abs(row.in_sample) <= 1e-12  # the DRO buffer is the SAA buffer: same training cost
     assert row.value == pytest.approx(10 * 0.15 * x.mean() / v, rel=1e-9)
 
 
