@@ -21,8 +21,10 @@ worst-case preemption + waste cost of a buffer (8c)-(8g) [cost per admitted requ
   re-optimised, for fixed (r, delta): a small integer program whose integer variables (a band and a
   group count per configuration and band, 2 K |B| of them) do not grow with J or with the classes.
 
-All solves go through :func:`_solve`, which raises :class:`kvdro.errors.SolverError` with the
-solver's status unless it is optimal.
+All solves go through :func:`_solve`: HiGHS from scratch (no warm start: a re-solved model could
+return its previous point as "optimal"), and :class:`kvdro.errors.SolverError` with the solver's
+status unless it is optimal -- for the two integer programs, optimal *with* HiGHS's dual bound
+within :data:`MIP_GAP_CHECK` of its objective.
 """
 
 from __future__ import annotations
@@ -50,17 +52,49 @@ __all__ = [
 #: Relative MIP gap for the two small integer programs (Block 3 and the LP2 knapsack).
 MIP_GAP = 1e-9
 
+#: Largest gap (objective - HiGHS's dual bound) / max(1, |objective|) at which an "optimal" integer
+#: program is accepted. HiGHS stops at :data:`MIP_GAP`; the slack is for its feasibility tolerances.
+MIP_GAP_CHECK = 1e-6
 
-def _solve(problem: cp.Problem, what: str, **opts) -> None:
-    """Solve with HiGHS; raise SolverError unless the status is optimal."""
+
+def _solve(problem: cp.Problem, what: str, *, mip: bool = False, **opts) -> None:
+    """Solve with HiGHS from scratch; raise SolverError unless the answer is proven optimal.
+
+    Every model here is built once and re-solved with new parameter values. CVXPY's default
+    ``warm_start=True`` hands HiGHS the *previous* point as a starting solution, and HiGHS 1.16 then
+    sometimes returns that stale point with status optimal, mip_gap 0, one node, and a dual bound
+    equal to the stale objective (chapter 6, "A stale warm start"): the point is feasible, just not
+    optimal, and nothing HiGHS reports gives it away. So: no warm start (the fix), and for an
+    integer program (``mip=True``) the status is trusted only when HiGHS's dual bound is finite and
+    within :data:`MIP_GAP_CHECK` of its objective (a guard against other failures, e.g. a time limit
+    reported as optimal; it would not have caught the stale point).
+    """
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-            problem.solve(solver=cp.HIGHS, **opts)
+            problem.solve(solver=cp.HIGHS, warm_start=False, **opts)
     except cp.error.SolverError as exc:
         raise SolverError(what, f"solver_error: {exc}") from None
     if problem.status != cp.OPTIMAL:
         raise SolverError(what, str(problem.status))
+    if mip:
+        gap = proven_gap(problem)
+        if not gap <= MIP_GAP_CHECK:
+            raise SolverError(what, f"optimal without proof (objective - dual bound gap {gap:.3g})")
+
+
+def proven_gap(problem: cp.Problem) -> float:
+    """(objective - dual bound) / max(1, |objective|) of the last HiGHS MILP solve, both in HiGHS's
+    own objective (without CVXPY's constant offset); nan when HiGHS reported no finite bound."""
+    stats = problem.solver_stats
+    info = None if stats is None else stats.extra_stats
+    if info is None:
+        return float("nan")
+    obj = float(getattr(info, "objective_function_value", np.nan))
+    bound = float(getattr(info, "mip_dual_bound", np.nan))
+    if not (np.isfinite(obj) and np.isfinite(bound) and abs(bound) < 1e300):
+        return float("nan")
+    return max(0.0, obj - bound) / max(1.0, abs(obj))
 
 
 def caching_tables(instance: Instance, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -262,7 +296,7 @@ class ReservationStep:
         self.weight.value = (lam * pi.sum(axis=1))[ci]
         self.mem.value = (coef[ci, :] * (L_in[ci, None] + self.eta[:, None] - d[ci, :] * L_pre[ci, None])).T
         self.mem_cap.value = z * (1.0 - (d * L_pre[:, None]).sum(axis=0) / M)
-        _solve(self.problem, "LP2 knapsack (reservations, BCD block 1)", mip_rel_gap=MIP_GAP, random_seed=0)
+        _solve(self.problem, "LP2 knapsack (reservations, BCD block 1)", mip=True, mip_rel_gap=MIP_GAP, random_seed=0)
         self.knapsacks += 1
         x = np.asarray(self.x.value)
         out = np.empty(inst.n_classes)
@@ -376,7 +410,7 @@ class ConfigIP:
         self.prefix.value = (d * L_pre[:, None]).sum(axis=0) / M
         self.util.value = lam[:, None] * T
         self.slo.value = H - inst.slo_s[:, None]
-        _solve(self.problem, "Block 3 integer program (configurations z)", mip_rel_gap=MIP_GAP,
+        _solve(self.problem, "Block 3 integer program (configurations z)", mip=True, mip_rel_gap=MIP_GAP,
                time_limit=float(time_limit), random_seed=0)
         self.solves += 1
         z = np.rint(np.asarray(self.z.value, dtype=float)).astype(int)
