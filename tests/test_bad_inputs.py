@@ -231,3 +231,77 @@ def test_review_examples():
     assert wasserstein.worst_case_cost(np.array(x), np.float64(5.0), np.int64(1), 1.0, np.array(1.0), 100) > 0
     assert hardware.kv_capacity_tokens(LLAMA2_70B, A100_80GB, np.int64(8), 1) > 0
     assert hardware.kv_capacity_tokens(LLAMA2_70B, A100_80GB, 16, 1) > 0  # KV heads replicated: allowed
+
+
+# ------------------------------------------------------------------ the simulator's deployment
+def _deployment(**kw):
+    from kvdro.sim.deployment import Deployment
+
+    return Deployment(**({"groups": ("TP4-PP1", "TP4-PP1")} | kw))
+
+
+DEPLOYMENT_CASES = [
+    # vLLM refuses these at start-up (SchedulerConfig, no chunked prefill)
+    ("max_num_batched_tokens", {"max_num_batched_tokens": 2048}),  # below max_model_len = 16,384
+    ("max_num_batched_tokens", {"max_model_len": 4096, "max_num_batched_tokens": 4095}),
+    ("max_num_batched_tokens", {"max_model_len": 128, "max_num_batched_tokens": 200}),  # < max_num_seqs = 256
+    *[("max_num_batched_tokens", {"max_num_batched_tokens": v}) for v in (0, 1.5, "4096", True, math.nan)],
+    *[("max_num_seqs", {"max_num_seqs": v}) for v in (0, -1, 2.5, "256", True, None, math.nan)],
+    *[("max_model_len", {"max_model_len": v}) for v in (0, 4096.5, "4096", False, None, math.inf)],
+    ("max_model_len", {"max_model_len": 10**7}),  # one sequence does not fit an engine's KV cache
+    *[("watermark", {"watermark": v}) for v in (-0.1, 1.0, math.nan, "0.01", True, None)],
+    *[("groups", {"groups": v}) for v in ((), ("TP3-PP1",), ("4x1",))],
+    ("routing['a']", {"routing": {"a": [0.7, 0.7]}}),
+    ("routing['a']", {"routing": {"a": [0.5]}}),
+    ("routing['a']", {"routing": {"a": ["0.5", "0.5"]}}),
+    ("routing['a']", {"routing": {"a": [math.nan, 0.5]}}),
+    ("default_routing", {"default_routing": [0.5, -0.1]}),
+    ("prefix_caching['a']", {"prefix_caching": {"a": [True]}}),
+    ("prefix_caching['a']", {"prefix_caching": {"a": [1, 2]}}),
+    ("prefix_caching['a']", {"prefix_caching": {"a": "yes"}}),
+    ("prefix_tokens['a']", {"prefix_tokens": {"a": -1.0}}),
+    ("prefix_tokens['a']", {"prefix_tokens": {"a": "64"}}),
+    ("prefix_tokens['a']", {"prefix_tokens": {"a": 20_000}}),  # longer than the context window
+    ("slo_s['a']", {"slo_s": {"a": 0.0}}),
+    ("slo_s['a']", {"slo_s": {"a": "3"}}),
+    ("routing", {"routing": [0.5, 0.5]}),
+    ("model", {"model": A100_80GB}),
+    ("gpu", {"gpu": LLAMA2_70B}),
+    ("name", {"name": 3}),
+]
+
+
+@pytest.mark.parametrize(("field", "kw"), DEPLOYMENT_CASES, ids=[f"{f}={kw}"[:80] for f, kw in DEPLOYMENT_CASES])
+def test_inconsistent_deployment_raises_value_error_naming_the_field(field, kw):
+    with pytest.raises(ValueError) as info:
+        _deployment(**kw)
+    assert field.split("[")[0] in str(info.value), str(info.value)
+    if "[" in field:
+        assert field in str(info.value), str(info.value)
+
+
+def test_consistent_deployments_are_accepted():
+    assert _deployment().token_budget == 16_384
+    d = _deployment(max_model_len=4096, max_num_batched_tokens=4096, routing={"a": np.array([0.5, 0.25])},
+                    prefix_caching={"a": [True, np.bool_(False)]}, prefix_tokens={"a": np.int64(64)}, slo_s={"a": 3})
+    assert d.prompt_limit == 4096 and d.routing_matrix(["a"])[0, 0] == pytest.approx(0.25)
+    assert _deployment(max_num_batched_tokens=np.int64(20_000)).token_budget == 20_000
+
+
+def test_issue_small_token_budget_is_refused_before_any_simulation():
+    """Issue 18: Deployment(max_num_batched_tokens=2048) was accepted; a preempted request then needed
+    more than the budget and the run died with InvariantError. It is refused at construction."""
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens: 2048 is smaller than max_model_len \(16384\)"):
+        _deployment(max_num_batched_tokens=2048)
+
+
+def test_cli_names_the_file_its_column_and_the_row(tmp_path, capsys):
+    """Issue 18: a CSV with ContextTokens = 0 said "trace: column 'input_tokens' ... row 0 has np.int64(0)"."""
+    from kvdro.__main__ import main
+
+    bad = tmp_path / "mine.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9,12,5\n2023-11-16 18:17:04.9,0,5\n")
+    assert main(["simulate", "--trace", str(bad), "--policy", "vllm", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "'ContextTokens'" in err and "data row 1 (line 3 of the file)" in err
+    assert "input_tokens" not in err and "np.int64" not in err

@@ -176,7 +176,7 @@ def test_azure_2024_unverified_with_row_limit(empty_dirs):
         datasets.load_trace("azure-2024-conv", nrows=0)
 
 
-@pytest.mark.parametrize("name", ["azure-2024-code", "azure-2024-conv", "burstgpt"])
+@pytest.mark.parametrize("name", ["azure-2024-code", "azure-2024-conv"])
 def test_unhashed_file_without_opt_in_is_an_error_that_prints_its_hash(empty_dirs, name):
     data, _, calls = empty_dirs
     src = datasets.REGISTRY[name]
@@ -200,26 +200,26 @@ def test_unhashed_file_without_opt_in_is_an_error_that_prints_its_hash(empty_dir
 def test_unhashed_file_is_not_downloaded_without_opt_in(empty_dirs):
     _, _, calls = empty_dirs
     with pytest.raises(datasets.UnverifiedDataError, match="allow_unverified=True"):
-        datasets.fetch("burstgpt")
+        datasets.fetch("azure-2024-code")
     assert calls == []  # refused before any download
     with pytest.raises(FileNotFoundError):  # opted in: tries the download (offline here)
-        datasets.fetch("burstgpt", allow_unverified=True)
+        datasets.fetch("azure-2024-code", allow_unverified=True)
     assert len(calls) == 1
 
 
 def test_opt_in_argument_and_variable_are_validated(empty_dirs, monkeypatch):
     with pytest.raises(ValueError, match="allow_unverified"):
-        datasets.fetch("burstgpt", allow_unverified="yes")
+        datasets.fetch("azure-2024-code", allow_unverified="yes")
     monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "maybe")
     with pytest.raises(ValueError, match=datasets.ALLOW_UNVERIFIED_ENV):
-        datasets.fetch("burstgpt")
+        datasets.fetch("azure-2024-code")
     monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "0")
     with pytest.raises(datasets.UnverifiedDataError):
-        datasets.fetch("burstgpt")
+        datasets.fetch("azure-2024-code")
     # an explicit False wins over the variable
     monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "1")
     with pytest.raises(datasets.UnverifiedDataError):
-        datasets.fetch("burstgpt", allow_unverified=False)
+        datasets.fetch("azure-2024-code", allow_unverified=False)
 
 
 def _burstgpt_csv(path: Path, rows: list[str]) -> Path:
@@ -228,10 +228,9 @@ def _burstgpt_csv(path: Path, rows: list[str]) -> Path:
     return path
 
 
-def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs, monkeypatch):
-    data, _, _ = empty_dirs
-    _burstgpt_csv(
-        data / "BurstGPT_1.csv",
+def test_burstgpt_loader_drops_failed_requests_with_a_count(tmp_path):
+    path = _burstgpt_csv(
+        tmp_path / "BurstGPT_1.csv",
         [
             "5,1,0.9,ChatGPT,472,18,490,Conversation log",
             "7,2,2.1,GPT-4,1087,0,1087,Conversation log",  # failed
@@ -240,12 +239,8 @@ def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs, monkeypa
             "6,4,0.5,ChatGPT,60,30,90,Conversation log",  # out of order on purpose
         ],
     )
-    with pytest.raises(datasets.UnverifiedDataError):
-        datasets.load_trace("burstgpt")  # no opt-in
-    monkeypatch.setenv(datasets.ALLOW_UNVERIFIED_ENV, "1")  # opt in through the environment
     with pytest.warns(datasets.DroppedRequestsWarning, match="dropped 1 failed"):
-        with pytest.warns(datasets.UnverifiedDataWarning):
-            df = datasets.load_trace("burstgpt")
+        df = datasets.read_burstgpt_csv(path)
     assert df.attrs["dropped_failed"] == 1 and len(df) == 4
     assert list(df.columns) == list(datasets.SCHEMA)
     np.testing.assert_allclose(df["arrival_s"], [0.0, 1.0, 4.0, 7.0], rtol=0, atol=1e-9)
@@ -256,6 +251,59 @@ def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs, monkeypa
         "GPT-4-API log",
     ]
     assert list(df["output_tokens"]) == [18, 30, 245, 412]
+
+
+def test_burstgpt_registry_uses_the_lfs_media_address_and_pinned_hashes():
+    """The raw address of an LFS-tracked file serves a pointer; the media address serves the data.
+    Hashes and sizes are those the BurstGPT repository's LFS pointers publish."""
+    pinned = {
+        "burstgpt": ("BurstGPT_1.csv", "4bb3783693d0a435686fbfc885615d2349bd067239079fa4b749f2e679e12122", 52_283_111),
+        "burstgpt-2": ("BurstGPT_2.csv", "44bf5942b03fca42c01a226a545ad3a750ec62688faecd67b6831c56a8928bf7", 144_819_209),
+        "burstgpt-without-fails-1": ("BurstGPT_without_fails_1.csv",
+                                     "a4d068a7113ec0290e74063a1b3447dc6001a30e4298eb313581b71006dda1f4", 51_429_517),
+        "burstgpt-without-fails-2": ("BurstGPT_without_fails_2.csv",
+                                     "56193aa9b2bb26128ded43d2d29a960df6bf5af062bcfc9b005f3fcaa4e6e501", 142_376_815),
+    }
+    for name, (filename, sha, size) in pinned.items():
+        src = datasets.REGISTRY[name]
+        assert (src.filename, src.sha256, src.size, src.kind) == (filename, sha, size, "burstgpt")
+        assert src.url == f"https://media.githubusercontent.com/media/HPMLL/BurstGPT/main/data/{filename}"
+
+
+LFS_POINTER = (
+    "version https://git-lfs.github.com/spec/v1\n"
+    "oid sha256:4bb3783693d0a435686fbfc885615d2349bd067239079fa4b749f2e679e12122\n"
+    "size 52283111\n"
+)
+
+
+def test_a_downloaded_lfs_pointer_is_named_as_such(empty_dirs):
+    data, _, calls = empty_dirs
+    path = data / "burstgpt" / "BurstGPT_1.csv"
+    path.parent.mkdir()
+    path.write_text(LFS_POINTER)  # what the raw.githubusercontent.com address serves (133 bytes)
+    assert path.stat().st_size == 133
+    for call in (lambda: datasets.fetch("burstgpt"), lambda: datasets.load_trace("burstgpt"),
+                 lambda: datasets.read_burstgpt_csv(path)):
+        with pytest.raises(ValueError, match="Git LFS pointer") as info:
+            call()
+        assert str(path) in str(info.value) and "52283111" in str(info.value)
+    assert calls == []
+    assert datasets.lfs_pointer(path)["oid"].endswith("e12122")
+    # the same pointer under an Azure name (a pointer is never data, whatever it claims to be)
+    azure = data / "AzureLLMInferenceTrace_code.csv"
+    azure.write_text(LFS_POINTER)
+    with pytest.raises(ValueError, match="Git LFS pointer"):
+        datasets.read_azure_csv(azure, "code")
+
+
+def test_a_truncated_pinned_file_is_a_size_mismatch(empty_dirs):
+    data, _, calls = empty_dirs
+    _burstgpt_csv(data / "BurstGPT_1.csv", ["5,1,0.9,ChatGPT,472,18,490,Conversation log"])
+    with pytest.raises(ValueError, match=r"size mismatch.*52,283,111 bytes") as info:
+        datasets.load_trace("burstgpt")
+    assert str(data / "BurstGPT_1.csv") in str(info.value)
+    assert calls == []
 
 
 # --------------------------------------------------------------------------- bad files
@@ -269,6 +317,9 @@ def test_burstgpt_loader_drops_failed_requests_with_a_count(empty_dirs, monkeypa
         (AZURE_HEADER + "2023-11-16 18:17:03.9,10.5,5\n", r"'ContextTokens' has a non-integer"),
         (AZURE_HEADER + "2023-11-16 18:17:03.9,ten,5\n", r"'ContextTokens' has a non-numeric"),
         (AZURE_HEADER + "2023-11-16 18:17:03.9,10,5\nyesterday noon,3,4\n", r"'TIMESTAMP' has an unparseable"),
+        # the issue's case: an empty prompt, reported with the file's own column and row
+        (AZURE_HEADER + "2023-11-16 18:17:03.9,0,5\n", r"'ContextTokens' has a token count below 1 .*: 0 at data row 0 \(line 2"),
+        (AZURE_HEADER + "2023-11-16 18:17:03.9,7,5\n2023-11-16 18:17:04.9,3,-1\n", r"'GeneratedTokens' has a negative -1 at data row 1 \(line 3"),
     ],
 )
 def test_bad_azure_file_errors_name_file_and_column(tmp_path, body, match):
@@ -285,6 +336,7 @@ def test_bad_azure_file_errors_name_file_and_column(tmp_path, body, match):
         ("soon,1,0.9,ChatGPT,472,18,490,Conversation log", r"'Timestamp' has an unparseable"),
         ("5,1,0.9,ChatGPT,-1,18,490,Conversation log", r"'Request tokens' has a negative"),
         ("5,1,0.9,ChatGPT,4,1.5,490,Conversation log", r"'Response tokens' has a non-integer"),
+        ("5,1,0.9,ChatGPT,0,18,18,Conversation log", r"'Request tokens' has a token count below 1 .* data row 1 \(line 3"),
     ],
 )
 def test_bad_burstgpt_file_errors(tmp_path, row, match):
@@ -310,5 +362,4 @@ def test_registry_is_read_only_and_complete():
     assert {n for n, s in datasets.REGISTRY.items() if s.sha256 is None} == {
         "azure-2024-code",
         "azure-2024-conv",
-        "burstgpt",
     }

@@ -60,6 +60,29 @@ MAX_MODEL_LEN = 16_384
 WATERMARK = 0.01
 
 
+def _positive_int(what: str, v) -> int:
+    """``v`` as an int >= 1; ValueError naming ``what`` (bools, strings, NaN and fractions refused)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(v) or int(v) != v or v < 1:
+        raise ValueError(f"{what}: must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _real(what: str, v) -> float:
+    """``v`` as a finite float; ValueError naming ``what``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+        raise ValueError(f"{what}: must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _float_array(what: str, v) -> np.ndarray:
+    """``v`` as a 1-D float array of numbers (no strings or bools); ValueError naming ``what``."""
+    a = np.asarray(v)
+    if a.dtype.kind not in "iuf":
+        raise ValueError(f"{what}: must be numbers, got {v!r}")
+    return a.astype(float)
+
+
 def parse_config(name: str | ParallelConfig) -> ParallelConfig:
     """``"TP4-PP1"`` (or a :class:`ParallelConfig`) -> ParallelConfig; ValueError names ``config``."""
     if isinstance(name, ParallelConfig):
@@ -106,31 +129,62 @@ class Deployment:
     name: str = ""
 
     def __post_init__(self) -> None:
-        groups = tuple(parse_config(g) for g in self.groups)
+        if isinstance(self.groups, (str, ParallelConfig)) or not isinstance(self.groups, Sequence):
+            raise ValueError(f"groups: must be a sequence of configurations like ('TP4-PP1', 'TP4-PP1'), got {self.groups!r}")
+        if not isinstance(self.model, Model):
+            raise ValueError(f"model: expected a kvdro.hardware.Model, got {type(self.model).__name__}")
+        if not isinstance(self.gpu, GPU):
+            raise ValueError(f"gpu: expected a kvdro.hardware.GPU, got {type(self.gpu).__name__}")
+        groups = []
+        for i, g in enumerate(self.groups):
+            try:
+                cfg = parse_config(g)
+                kv_capacity_tokens(self.model, self.gpu, cfg.tp, cfg.pp)  # tp must divide the heads, ...
+            except ValueError as exc:
+                raise ValueError(f"groups[{i}]: {exc}") from None
+            groups.append(cfg)
         if not groups:
             raise ValueError("groups: need at least one serving group")
-        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "groups", tuple(groups))
         for what in ("max_num_seqs", "max_model_len"):
-            v = getattr(self, what)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"{what}: must be a positive integer, got {v!r}")
-        if self.max_num_batched_tokens is not None and (int(self.max_num_batched_tokens) != self.max_num_batched_tokens or self.max_num_batched_tokens < 1):
-            raise ValueError(f"max_num_batched_tokens: must be a positive integer, got {self.max_num_batched_tokens!r}")
-        if not (0 <= self.watermark < 1):
-            raise ValueError(f"watermark: must be in [0, 1), got {self.watermark!r}")
+            _positive_int(what, getattr(self, what))
+        if self.max_num_batched_tokens is not None:
+            budget = _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+            # vLLM's SchedulerConfig refuses both at start-up (without chunked prefill): a prompt or a
+            # preempted sequence longer than the budget could never be scheduled again.
+            if budget < self.max_model_len:
+                raise ValueError(
+                    f"max_num_batched_tokens: {budget} is smaller than max_model_len ({self.max_model_len}); "
+                    "without chunked prefill vLLM refuses this (a preempted request could never be re-admitted)"
+                )
+            if budget < self.max_num_seqs:
+                raise ValueError(f"max_num_batched_tokens: {budget} is smaller than max_num_seqs ({self.max_num_seqs})")
+        if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float, np.integer, np.floating)) \
+                or not (0 <= self.watermark < 1):
+            raise ValueError(f"watermark: must be a number in [0, 1), got {self.watermark!r}")
+        if not isinstance(self.name, str):
+            raise ValueError(f"name: must be a string, got {self.name!r}")
         n = len(groups)
+        for what in ("routing", "prefix_caching", "prefix_tokens", "slo_s"):
+            if not isinstance(getattr(self, what), Mapping):
+                raise ValueError(f"{what}: must be a mapping from class name to values, got {type(getattr(self, what)).__name__}")
         for cls, probs in self.routing.items():
-            self._check_probs(np.asarray(probs, dtype=float), f"routing[{cls!r}]", n)
+            self._check_probs(_float_array(f"routing[{cls!r}]", probs), f"routing[{cls!r}]", n)
         if self.default_routing is not None:
-            self._check_probs(np.asarray(self.default_routing, dtype=float), "default_routing", n)
+            self._check_probs(_float_array("default_routing", self.default_routing), "default_routing", n)
         for cls, flags in self.prefix_caching.items():
-            if len(flags) != n:
-                raise ValueError(f"prefix_caching[{cls!r}]: need one flag per group ({n}), got {len(flags)}")
+            if isinstance(flags, (str, bytes)) or not isinstance(flags, Sequence | np.ndarray) or len(flags) != n:
+                raise ValueError(f"prefix_caching[{cls!r}]: need one flag per group ({n}), got {flags!r}")
+            if not all(isinstance(f, (bool, np.bool_)) or (isinstance(f, (int, np.integer)) and f in (0, 1)) for f in flags):
+                raise ValueError(f"prefix_caching[{cls!r}]: flags must be True/False, got {list(flags)!r}")
         for cls, v in self.prefix_tokens.items():
-            if not (np.isfinite(v) and v >= 0):
+            v = _real(f"prefix_tokens[{cls!r}]", v)
+            if not (v >= 0):
                 raise ValueError(f"prefix_tokens[{cls!r}]: must be >= 0, got {v!r}")
+            if v > self.max_model_len:
+                raise ValueError(f"prefix_tokens[{cls!r}]: a {v:g}-token prefix is longer than max_model_len ({self.max_model_len})")
         for cls, v in self.slo_s.items():
-            if not (np.isfinite(v) and v > 0):
+            if not (_real(f"slo_s[{cls!r}]", v) > 0):
                 raise ValueError(f"slo_s[{cls!r}]: must be positive, got {v!r}")
         for g in groups:
             blocks = self.engine_blocks(g)
