@@ -195,3 +195,70 @@ def test_azure_conversation_trace_end_to_end(data_dir, capsys):
     assert m["completed"] + m["rejected"] + m["ignored"] == 19_366
     assert main(["simulate", "--trace", "azure-2023-conv", "--policy", "max", "--scale", "3", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["preemptions"] == 0
+
+
+@pytest.mark.parametrize("policy", ["vllm", "mean", "dro"])
+def test_every_policy_keeps_the_watermark_and_the_free_block_rule(policy, rng):
+    """Issue 15: a reservation is an extra admission condition on top of vLLM's rules, not instead of them."""
+    tr = toy_trace(rng, n=500, rate=12.0)
+    dep = default_deployment(config="TP2-PP1", groups=1)
+    wm = dep.watermark_blocks(dep.groups[0])
+    assert wm >= 20
+    r = simulate(tr, policy=policy, rng=np.random.default_rng(0), deployment=dep, engine="reference", record=True)
+    rows = r.outputs[0].trace
+    after_prefill = [free for _, _, kind, free, _ in rows if kind == "prefill"]
+    assert min(after_prefill) >= wm
+    # the free-block rule: a decode step never starts with an empty pool (free >= 1 before each sequence)
+    assert min(free for _, _, kind, free, _ in rows if kind == "decode") >= 0
+    if policy != "vllm":
+        old = simulate(tr, policy=policy, rng=np.random.default_rng(0), deployment=dep, engine="reference",
+                       record=True, safety_rules=False)
+        assert min(free for _, _, kind, free, _ in old.outputs[0].trace if kind == "prefill") < wm  # the old rule did not
+        assert old.metrics["preemptions"] >= r.metrics["preemptions"]
+
+
+def test_hard_reservation_caps_restarts_and_terminates(rng):
+    tr = toy_trace(rng, n=400, rate=6.0)
+    dep = default_deployment(config="TP2-PP1", groups=1)
+    buffers = {"a": 64.0, "b": 64.0}
+    soft = simulate(tr, policy="mean", buffers=buffers, rng=np.random.default_rng(0), deployment=dep)
+    runs = {e: simulate(tr, policy="mean", buffers=buffers, rng=np.random.default_rng(0), deployment=dep,
+                        reservation="hard", engine=e) for e in ("fast", "reference")}
+    hard = runs["fast"]
+    pd.testing.assert_frame_equal(runs["fast"].requests, runs["reference"].requests)
+    assert hard.reservation == "hard" and soft.reservation == "soft"
+    rq = hard.requests
+    L, xi = rq["input_tokens"].to_numpy(), np.maximum(1, rq["output_tokens"].to_numpy())
+    reserved = 16 * rq["reserved_blocks"].to_numpy()
+    over = L + xi - 1 > reserved  # the cache would outgrow the reservation
+    assert over.sum() > 50
+    # every request that outgrows its reservation is preempted at least once, and only those are at the cap
+    assert (rq.loc[over, "preemptions"] >= 1).all()
+    # doubling: the number of restarts of a request is at most log2 of its growth in buffer blocks, + 1
+    base = -(-L // 16)
+    need = -(-(L + xi - 1) // 16) - base
+    bound = np.ceil(np.log2(np.maximum(need, 1) / np.maximum(rq["reserved_blocks"].to_numpy() - base, 1))).clip(0) + 1
+    assert (rq["preemptions"].to_numpy() <= bound + 1).all()
+    assert hard.metrics["completed"] == len(tr) and (rq["generated_tokens"].to_numpy() == xi).all()
+    assert hard.metrics["preemptions"] > 5 * max(soft.metrics["preemptions"], 1)
+
+
+def test_bad_reading_names_the_argument(rng):
+    tr = toy_trace(rng, n=20)
+    with pytest.raises(ValueError, match="reservation"):
+        simulate(tr, policy="dro", rng=rng, reservation="firm")
+    with pytest.raises(ValueError, match="safety_rules"):
+        simulate(tr, policy="dro", rng=rng, safety_rules="no")
+
+
+def test_cli_reservation_hard(data_dir, capsys):
+    from kvdro.__main__ import main
+
+    args = ["simulate", "--trace", "azure-2023-conv", "--config", "TP2-PP1", "--groups", "4", "--scale", "0.6",
+            "--policy", "mean", "--rho", "10", "--json", "--quiet"]
+    assert main(args + ["--reservation", "hard"]) == 0
+    hard = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    soft = json.loads(capsys.readouterr().out)
+    assert tuple(hard) == METRIC_KEYS and hard["completed"] == soft["completed"] == 19_366
+    assert hard["preemptions"] > 10 * max(soft["preemptions"], 1)

@@ -1,5 +1,6 @@
 """The fast engine equals the reference engine, bit for bit, on many small random traces (hypothesis),
-including tiny KV pools with heavy preemption, reservations and shared prefixes."""
+including tiny KV pools with heavy preemption, soft and hard reservations, the safety rules on and
+off, and shared prefixes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ CLOCK = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
 @st.composite
 def engine_case(draw):
     n = draw(st.integers(1, 25))
-    reactive = draw(st.booleans())
+    reactive = draw(st.booleans())  # vLLM's policy: no reservation
+    safety = reactive or draw(st.booleans())  # watermark + free-block rule (always, but for the old behaviour)
+    hard = not reactive and draw(st.booleans())
     n_keys = draw(st.integers(0, 2))
     prefix_blocks = tuple(draw(st.integers(0, 3)) for _ in range(n_keys))
     prompt = np.array(draw(st.lists(st.integers(1, 70), min_size=n, max_size=n)), dtype=np.int64)
@@ -42,19 +45,20 @@ def engine_case(draw):
     shared = np.where(key >= 0, shared, 0).astype(np.int64)
     longest = int(max(ceil_blocks(int(p + o)) for p, o in zip(prompt, output)))
     longest = max(longest, int(reserve.max()) if reserve.size else 0)
-    wm = draw(st.integers(0, 2)) if reactive else 0
-    blocks = draw(st.integers(longest + sum(prefix_blocks) + wm + 1, longest + sum(prefix_blocks) + wm + 40))
+    wm = draw(st.integers(0, 2)) if safety else 0
+    window = longest + draw(st.integers(0, 3))
+    blocks = draw(st.integers(window + sum(prefix_blocks) + wm + 1, window + sum(prefix_blocks) + wm + 40))
     spec = EngineSpec(
         blocks=blocks, watermark_blocks=wm, max_num_seqs=draw(st.integers(1, 10)),
-        token_budget=draw(st.integers(int(prompt.max() + output.max()), 400)), reactive=reactive,
-        prefix_blocks=prefix_blocks,
+        token_budget=draw(st.integers(int(prompt.max() + output.max()), 400)), free_block_rule=safety,
+        prefix_blocks=prefix_blocks, hard=hard, window_blocks=window,
     )
     inp = EngineInput(arrival_ps=arrival, prompt=prompt, output=output, reserve_blocks=reserve,
                       prefix_key=key, shared_blocks=shared)
     return spec, inp
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(engine_case())
 def test_fast_engine_equals_reference(case):
     spec, inp = case
@@ -73,7 +77,7 @@ def test_property_cases_include_heavy_preemption():
     n = 30
     prompt = rng.integers(20, 60, n)
     output = rng.integers(40, 90, n)
-    spec = EngineSpec(blocks=20, watermark_blocks=0, max_num_seqs=8, token_budget=400, reactive=True)
+    spec = EngineSpec(blocks=20, watermark_blocks=0, max_num_seqs=8, token_budget=400, free_block_rule=True)
     inp = EngineInput(arrival_ps=np.zeros(n, dtype=np.int64), prompt=prompt, output=output,
                       reserve_blocks=np.zeros(n, dtype=np.int64), prefix_key=np.full(n, -1), shared_blocks=np.zeros(n, dtype=np.int64))
     a, b = run_reference(spec, inp, CLOCK), run_fast(spec, inp, CLOCK)

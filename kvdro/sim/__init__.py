@@ -25,7 +25,7 @@ from kvdro.sim.deployment import (
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.metrics import COST_TERMS, METRIC_KEYS, default_costs
 from kvdro.sim.policies import POLICIES, RESERVATION_POLICIES, Buffers, policy_buffers
-from kvdro.sim.simulate import ENGINES, SimResult, check_trace, simulate
+from kvdro.sim.simulate import ENGINES, READINGS, SimResult, check_trace, simulate
 
 __all__ = [
     "COST_TERMS",
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_NUM_SEQS",
     "METRIC_KEYS",
     "POLICIES",
+    "READINGS",
     "RESERVATION_POLICIES",
     "Buffers",
     "Deployment",

@@ -10,6 +10,7 @@
 ``ContextTokens``, ``GeneratedTokens`` (a bad file gets an error naming the file, the row and the
 column). ``--scale X`` multiplies the arrival rate by X. Without ``--config`` the deployment is the
 documented default (:func:`kvdro.sim.default_deployment`: the paper's J = 8 A100s as 2 x TP4-PP1).
+``--reservation soft|hard`` picks the reading of a reservation (:mod:`kvdro.sim.scheduler`).
 Buffers of a reservation policy are fitted on the trace itself (in sample). ``--json`` prints
 exactly the metric keys (:data:`kvdro.sim.METRIC_KEYS`); ``--breakdown`` adds ``cost_breakdown``.
 A progress bar goes to stderr. Exit status 0 on success, 2 on bad input.
@@ -39,6 +40,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--scale", type=float, default=1.0, help="multiplier of the arrival rate (default 1)")
     s.add_argument("--max-model-len", type=int, default=None, help="context window in tokens (default 16384; Llama-2: 4096)")
     s.add_argument("--engine", choices=("fast", "reference"), default="fast", help="simulation engine (default fast)")
+    s.add_argument("--reservation", choices=("soft", "hard"), default="soft",
+                   help="reading of a reservation: soft = admission control (default), hard = a cap (preempt at the "
+                        "reservation, re-admit with a doubled buffer); ignored for vllm")
     s.add_argument("--json", action="store_true", help="print the metrics as JSON")
     s.add_argument("--breakdown", action="store_true", help="with --json, add the cost breakdown")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         settings = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         dep = default_deployment(trace, config=args.config or "TP4-PP1", groups=args.groups, **settings)
         result = simulate(trace, policy=args.policy, deployment=dep, rho=args.rho, rng=np.random.default_rng(args.seed),
-                          engine=args.engine, progress=not args.quiet)
+                          engine=args.engine, progress=not args.quiet, reservation=args.reservation)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvdro simulate: {exc}", file=sys.stderr)
         return 2
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     m = result.metrics
-    print(f"{args.trace}: {len(trace):,} requests, policy {args.policy}, rho {args.rho:g}, {dep.describe()}, engine {args.engine}")
+    print(f"{args.trace}: {len(trace):,} requests, policy {args.policy} ({args.reservation}), rho {args.rho:g}, "
+          f"{dep.describe()}, engine {args.engine}")
     print(f"  completed {m['completed']:,} (truncated {m['truncated']:,}), rejected {m['rejected']:,}, ignored {m['ignored']:,}")
     print(f"  preemptions {m['preemptions']:,}, recomputed tokens {m['recomputed_tokens']:,}")
     print(f"  TTFT p50/p99 {m['ttft_p50_s']:.3f}/{m['ttft_p99_s']:.3f} s, TPOT p50 {m['tpot_p50_s'] * 1e3:.1f} ms, "

@@ -29,7 +29,7 @@ from bisect import bisect_right, insort
 from collections import deque
 
 from kvdro.sim.invariants import InvariantError
-from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks
+from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation
 from kvdro.sim.timing import StepClock
 
 __all__ = ["run_fast"]
@@ -55,7 +55,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
     out = EngineOutput.empty(n_req)
     admit, first, finish = out.admit_ps, out.first_token_ps, out.finish_ps
     preemptions, recomputed = out.preemptions, out.recomputed_tokens
-    blocks, reactive, wm = spec.blocks, spec.reactive, spec.watermark_blocks
+    blocks, reactive, wm = spec.blocks, spec.free_block_rule, spec.watermark_blocks
+    hard, window = spec.hard, spec.window_blocks
     budget, max_seqs = spec.token_budget, spec.max_num_seqs
     slope = clock.slope_ps
 
@@ -168,7 +169,7 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             g_off[j] = gprev[j] + 1 - G
             own0[j] = own_need
             cap0[j] = _B * (own_need + sj)
-            tight[j] = cap0[j] == _B * ceil_blocks(P)
+            tight[j] = not hard and cap0[j] == _B * ceil_blocks(P)  # hard: never grows, capped at cap0
             sum_off += kv_off[j]
             admitted.append(j)
         if admitted:
@@ -221,7 +222,9 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             cnt = [len(res[(G + o) % _B]) for o in range(_B)]
             total = sum(cnt)
             limit = free - 1 if reactive else free
-            if total:
+            if reactive and free < 1:
+                k = 0  # the free-block rule preempts before the next decode
+            elif total:
                 if limit < 0:
                     k = 0
                 else:
@@ -277,17 +280,39 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             continue
 
         # 2b. one ordinary decode step (with its event)
+        capped: list[int] = []  # hard: admission numbers reaching their reservation this step
         while True:
             g_ovf = top_valid(ovf_heap)
             if g_ovf is None or g_ovf > G:
                 break
             _, a, j = heapq.heappop(ovf_heap)
+            if hard:
+                capped.append(a)
+                continue
             tight[j] = True
             insort(res[(-kv_off[j]) % _B], a)
         preempted: list[int] = []
         allocs = list(res[G % _B])
         stopped = False
-        if reactive:
+        if hard:
+            # no sequence takes a block: free only grows in this step, so the free-block rule can
+            # fire only before the oldest sequence; then each capped sequence preempts itself
+            capped.sort()
+            if reactive and free < 1 and not (capped and capped[0] == order[0]):
+                while free < 1:
+                    v = adm_req[order[-1]]
+                    preempt(v)
+                    preempted.append(v)
+            for a in capped:
+                j = adm_req.get(a)
+                if j is None:
+                    continue
+                if R[j] >= window:
+                    raise InvariantError(f"fast engine: request {j} outgrew a reservation at the context window")
+                preempt(j)
+                preempted.append(j)
+                R[j] = grown_reservation(R[j], L[j], window)
+        elif reactive:
             def check(s_adm: int) -> bool:
                 """vLLM's check before sequence ``s_adm``: a free block, else preempt the newest."""
                 while free < 1:

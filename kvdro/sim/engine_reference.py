@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvdro.sim.invariants import InvariantError
-from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks
+from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation
 from kvdro.sim.timing import StepClock
 
 __all__ = ["run_reference"]
@@ -20,7 +20,7 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
     rows ``(t_ps, dur_ps, kind, free_blocks, [(request, cached_tokens, capacity_tokens), ...])``."""
     n = len(inp)
     arr = inp.arrival_ps.tolist()
-    L, X, R = inp.prompt.tolist(), inp.output.tolist(), inp.reserve_blocks.tolist()
+    L, X, R = inp.prompt.tolist(), inp.output.tolist(), inp.reserve_blocks.tolist()  # R grows when hard-capped
     K, S = inp.prefix_key.tolist(), inp.shared_blocks.tolist()
     pblocks = list(spec.prefix_blocks)
     out = EngineOutput.empty(n)
@@ -112,13 +112,29 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
                 _finish(done, running, out, cap, g, t, release, progress)
             continue
 
-        # 2. decode step, oldest first; preempt the newest when a block is missing
+        # 2. decode step, oldest first; a hard-capped sequence preempts itself; the free-block rule
+        #    (and a soft overflow's missing block) preempts the newest
         preempted: list[int] = []
+
+        def preempt(v: int) -> None:
+            out.preemptions[v] += 1
+            out.recomputed_tokens[v] += kv[v] - (BLOCK_TOKENS * S[v] if K[v] >= 0 else 0)
+            release(v)
+            kv[v] = cap[v] = 0
+            preempted.append(v)
+
         i = 0
         while i < len(running):
             j = running[i]
             needs = kv[j] + 1 > cap[j]
-            req = 1 if (spec.reactive or needs) else 0
+            if needs and spec.hard:
+                if R[j] >= spec.window_blocks:
+                    raise InvariantError(f"reference engine: request {j} outgrew a reservation at the context window")
+                running.pop(i)
+                preempt(j)
+                R[j] = grown_reservation(R[j], L[j], spec.window_blocks)
+                continue
+            req = 1 if (spec.free_block_rule or needs) else 0
             self_preempted = False
             while free < req:
                 if len(running) - 1 > i:
@@ -126,11 +142,7 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
                 else:
                     v = running.pop(i)
                     self_preempted = True
-                out.preemptions[v] += 1
-                out.recomputed_tokens[v] += kv[v] - (BLOCK_TOKENS * S[v] if K[v] >= 0 else 0)
-                release(v)
-                kv[v] = cap[v] = 0
-                preempted.append(v)
+                preempt(v)
                 if self_preempted:
                     break
             if self_preempted:

@@ -6,20 +6,41 @@ We follow **vLLM v0.6** (the V0 engine's default scheduler without chunked prefi
 ``can_allocate``, ``can_append_slots``) :cite:`kwon2023vllm`. One engine step:
 
 1. **Prefill first.** Walk the FCFS waiting queue from its head; admit a request if
-   (a) its blocks fit -- ``vllm``: ``free - ceil(P/16) >= watermark`` (1% of the blocks, vLLM's
-   ``can_allocate``); a reservation policy: ``free >= ceil(max(P, L_in + eta)/16)`` -- (b) the step's
-   token budget (``max_num_batched_tokens``) holds its P prompt tokens and (c) running sequences stay
+   (a) its blocks fit above the **watermark** -- ``free - need >= watermark`` (1% of the blocks,
+   vLLM's ``can_allocate``), where ``need`` is the prompt's ``ceil(P/16)`` blocks for ``vllm`` and
+   the reservation's ``ceil(max(P, L_in + eta)/16)`` for a reservation policy (an *extra*
+   admission condition on top of vLLM's) -- (b) the step's token budget
+   (``max_num_batched_tokens``) holds its P prompt tokens and (c) running sequences stay
    <= ``max_num_seqs`` (256). The first request that does not fit stops the walk (head-of-line
    blocking, as in vLLM). If anything was admitted the step is a **prefill-only** step; each
    prefilled sequence produces its first output token.
-2. Otherwise a **decode step** of every running sequence, oldest first. A sequence may run only if a
-   free block is there for it -- ``vllm``: at least one free block, always (v0's worst-case
-   "touched block" heuristic in ``can_append_slots``); a reservation policy: a free block only
-   when its next token falls outside the blocks it holds. If not, the **newest** running sequence is
+2. Otherwise a **decode step** of every running sequence, oldest first. **Free-block rule:** a
+   sequence may run only if at least one block is free (v0's worst-case "touched block" heuristic
+   in ``can_append_slots``), whatever the policy; it takes that block only when its next token
+   falls outside the blocks it holds. If no block is free, the **newest** running sequence is
    preempted (``running.pop()``), by **recompute**: its blocks are freed and it goes back to the
    **front** of the waiting queue (``waiting.extendleft``), to be prefilled again with its prompt
    plus the tokens generated so far. If no newer sequence is left, the sequence preempts itself.
    A step that preempted admits nothing (it is a decode step; admission happens only in step 1).
+
+**Two readings of a reservation** (``EngineSpec.hard``):
+
+* **soft** (default): the reservation is admission control only. A request that outgrows it takes
+  a block at a time, like any vLLM sequence, and is preempted only when the pool runs dry -- what
+  an unmodified paged engine does with a reservation-aware admission rule.
+* **hard**: the reservation is a cap. A request whose next token falls outside its reserved blocks
+  is preempted at once (by recompute, to the front of the queue) and is re-admitted with a larger
+  reservation, :func:`grown_reservation`: its buffer (reserved blocks beyond the prompt's) doubled,
+  at least one block more, capped at the context window. An engine that caps a request at its
+  reservation learns only that the output is longer than the reservation; doubling keeps the
+  number of restarts of a request logarithmic (at most ``log2(window / 16)``) and its
+  over-reservation within a factor of two of the length it finally needs (the amortised argument
+  of a growable array). At the window cap the request cannot overflow (its cache never exceeds the
+  window), so every request finishes.
+
+**Safety rules off** (``EngineSpec(watermark_blocks=0, free_block_rule=False)``): the behaviour of
+this package before issue 15, kept only for chapter 7's before/after table -- a reservation policy
+then admits down to the last block and a sequence inside its reservation runs with no free block.
 
 Token and block bookkeeping per sequence: after a prefill of P tokens its cache holds P tokens; each
 decode step appends one token (a new 16-token block when the last one is full) and generates the
@@ -39,7 +60,7 @@ import numpy as np
 
 from kvdro.hardware import BLOCK_TOKENS
 
-__all__ = ["BLOCK_TOKENS", "EngineSpec", "EngineInput", "EngineOutput", "ceil_blocks"]
+__all__ = ["BLOCK_TOKENS", "EngineSpec", "EngineInput", "EngineOutput", "ceil_blocks", "grown_reservation"]
 
 
 def ceil_blocks(tokens: int) -> int:
@@ -47,21 +68,40 @@ def ceil_blocks(tokens: int) -> int:
     return -(-int(tokens) // BLOCK_TOKENS)
 
 
+def grown_reservation(reserve_blocks: int, prompt: int, window_blocks: int) -> int:
+    """The reservation [blocks] of a hard-capped request re-admitted after outgrowing ``reserve_blocks``:
+    its buffer beyond the prompt's ``ceil(prompt/16)`` blocks doubled (at least one block more),
+    capped at ``window_blocks`` (the context window). Strictly larger than ``reserve_blocks`` below
+    the cap, so a request is restarted at most ``log2(window_blocks) + 1`` times."""
+    base = ceil_blocks(prompt)
+    buffer = max(int(reserve_blocks) - base, 0)
+    return min(int(window_blocks), base + max(2 * buffer, 1))
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """One micro-batch engine: its KV pool and vLLM settings.
 
-    ``blocks``: KV blocks; ``watermark_blocks``: blocks a prefill must leave free (vLLM; 0 for the
-    reservation policies); ``reactive``: True for ``vllm`` (v0's one-free-block check before every
-    decode); ``prefix_blocks``: blocks of each prefix key's shared prefix (index = key).
+    ``blocks``: KV blocks; ``watermark_blocks``: blocks a prefill must leave free (vLLM's 1%, every
+    policy; 0 only with the safety rules off); ``free_block_rule``: v0's one-free-block check before
+    every decode of a sequence (True for every policy; False only with the safety rules off);
+    ``prefix_blocks``: blocks of each prefix key's shared prefix (index = key); ``hard``: a
+    reservation is a cap (module docstring); ``window_blocks``: the context window in blocks, the
+    largest reservation a hard-capped request grows to (needed when ``hard``).
     """
 
     blocks: int
     watermark_blocks: int
     max_num_seqs: int
     token_budget: int
-    reactive: bool
+    free_block_rule: bool
     prefix_blocks: tuple[int, ...] = ()
+    hard: bool = False
+    window_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hard and self.window_blocks < 1:
+            raise ValueError("window_blocks: a hard reservation needs the context window in blocks (>= 1)")
 
 
 @dataclass(frozen=True)
@@ -69,7 +109,8 @@ class EngineInput:
     """The requests one engine serves, sorted by arrival (int64 arrays of equal length).
 
     arrival_ps [ps]; prompt = L_in [tokens]; output = xi after the context cap (>= 1) [tokens];
-    reserve_blocks = ceil((L_in + eta)/16) (0 for ``vllm``); prefix_key = index into
+    reserve_blocks = ceil((L_in + eta)/16) (0 for ``vllm``; a hard-capped request's grows on
+    re-admission, :func:`grown_reservation`); prefix_key = index into
     ``EngineSpec.prefix_blocks`` or -1; shared_blocks = prefix blocks this request can use.
     """
 

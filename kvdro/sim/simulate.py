@@ -34,9 +34,11 @@ from kvdro.sim.policies import POLICIES, Buffers, policy_buffers, request_buffer
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
 from kvdro.sim.timing import PS_PER_S, StepClock
 
-__all__ = ["ENGINES", "SimResult", "simulate", "check_trace"]
+__all__ = ["ENGINES", "READINGS", "SimResult", "simulate", "check_trace"]
 
 ENGINES = ("fast", "reference")
+#: The two readings of a reservation (:mod:`kvdro.sim.scheduler`): admission control, or a cap.
+READINGS = ("soft", "hard")
 _TIDY = ("arrival_s", "input_tokens", "output_tokens", "request_class")
 
 
@@ -55,7 +57,7 @@ class SimResult:
             ``preemptions``, ``recomputed_tokens``, ``waste_tokens``, ``overflow_tokens``.
         engines: one row per micro-batch engine: group, config, blocks, requests, steps, busy share,
             mean running sequences, mean decode batch, mean KV use, peak KV use.
-        policy, buffers, deployment, engine: what was run.
+        policy, buffers, deployment, engine, reservation, safety_rules: what was run.
         outputs: the raw :class:`~kvdro.sim.scheduler.EngineOutput` of each engine (with a per-step
             trace when ``record=True``), aligned with ``specs``.
     """
@@ -71,6 +73,8 @@ class SimResult:
     specs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
+    reservation: str = "soft"
+    safety_rules: bool = True
 
 
 def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
@@ -125,6 +129,8 @@ def simulate(
     progress: bool = False,
     record: bool = False,
     eps_fraction: float = 0.15,
+    reservation: str = "soft",
+    safety_rules: bool = True,
 ) -> SimResult:
     """Serve ``trace`` (tidy schema: arrival_s, input_tokens, output_tokens, request_class) on
     ``deployment`` (default :func:`default_deployment`: 2 x TP4-PP1) under ``policy``.
@@ -140,6 +146,14 @@ def simulate(
         engine: ``"fast"`` (event jumping) or ``"reference"`` (step by step).
         progress: a tqdm bar on stderr (requests finished).
         record: keep a per-step trace in each engine output (reference engine only; small runs).
+        reservation: ``"soft"`` (default; admission control, overflow grows block by block and is
+            preempted only when memory is short) or ``"hard"`` (a cap: a request reaching its
+            reservation is preempted and re-admitted with a doubled buffer); see
+            :mod:`kvdro.sim.scheduler`. Ignored for ``vllm``, which reserves nothing.
+        safety_rules: ``True`` (default): every policy keeps vLLM's 1% watermark at admission and
+            its free-block rule before every decode. ``False`` drops both for the reservation
+            policies -- the package's behaviour before issue 15, kept **only** for chapter 7's
+            before/after table; ``vllm`` always keeps them.
 
     Raises:
         ValueError: naming the argument (or trace column and row) for bad input.
@@ -151,6 +165,10 @@ def simulate(
         raise ValueError(f"policy: must be one of {POLICIES}, got {policy!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine: must be one of {ENGINES}, got {engine!r}")
+    if reservation not in READINGS:
+        raise ValueError(f"reservation: must be one of {READINGS}, got {reservation!r}")
+    if not isinstance(safety_rules, bool):
+        raise ValueError(f"safety_rules: must be True or False, got {safety_rules!r}")
     if record and engine != "reference":
         raise ValueError("record: a per-step trace needs engine='reference'")
     check_trace(trace)
@@ -170,8 +188,8 @@ def simulate(
     cls = np.searchsorted(np.array(names), cls_raw)
     n = L.size
 
-    reservation = policy != "vllm"
-    if reservation:
+    reserves = policy != "vllm"
+    if reserves:
         buf = policy_buffers(policy, trace, rho=rho, c_w=cost_params["c_w"], eps_fraction=eps_fraction) if buffers is None else buffers
         eta = request_buffers(buf, cls_raw, L)
     else:
@@ -188,7 +206,7 @@ def simulate(
     rejected = group < 0
     served = ~rejected & ~ignored
     reserve_blocks = np.zeros(n, dtype=np.int64)
-    if reservation:
+    if reserves:
         tokens = np.minimum(L + np.ceil(eta).astype(np.int64), limit)
         reserve_blocks = -(-tokens // BLOCK_TOKENS)
 
@@ -202,13 +220,16 @@ def simulate(
         cached = np.array([bool(dep.prefix_caching.get(c, [False] * len(dep.groups))[gi]) for c in names])
         pblocks = tuple(int(b) if cached[i] else 0 for i, b in enumerate(class_prefix_blocks))
         blocks = dep.engine_blocks(cfg)
+        safe = safety_rules or not reserves
         spec = EngineSpec(
             blocks=blocks,
-            watermark_blocks=dep.watermark_blocks(cfg) if not reservation else 0,
+            watermark_blocks=dep.watermark_blocks(cfg) if safe else 0,
             max_num_seqs=dep.max_num_seqs,
             token_budget=dep.token_budget,
-            reactive=not reservation,
+            free_block_rule=safe,
             prefix_blocks=pblocks,
+            hard=reserves and reservation == "hard",
+            window_blocks=-(-limit // BLOCK_TOKENS),
         )
         clock = StepClock(dep.model, dep.gpu, cfg)
         for e in range(cfg.pp):
@@ -303,7 +324,7 @@ def simulate(
         "preemptions": pre,
         "recomputed_tokens": rec,
         "waste_tokens": np.where(done, np.maximum(0, capf - L - gen), 0),
-        "overflow_tokens": np.where(done & reservation, np.maximum(0, L + gen - reserved_tokens), 0),
+        "overflow_tokens": np.where(done & reserves, np.maximum(0, L + gen - reserved_tokens), 0),
     }, index=order)
     requests = requests.sort_index()
     requests.index = trace.index
@@ -311,7 +332,7 @@ def simulate(
     horizon_ps = int(max([int(arrival_ps.max())] + [o.end_ps for o in outputs]))
     engine_pairs = [(s[0], o) for s, o in zip(specs, outputs)]
     metrics, breakdown = compute_metrics(requests, engine_pairs, cost_params, gpus=dep.total_gpus,
-                                         horizon_ps=horizon_ps, wall_s=0.0, reservation=reservation)
+                                         horizon_ps=horizon_ps, wall_s=0.0, reservation=reserves)
     check_accounting(n, metrics["completed"], metrics["rejected"], metrics["ignored"])
     for row, (spec, _), out, idx in zip(engine_rows, specs, outputs, members):
         row.update({
@@ -329,4 +350,5 @@ def simulate(
         metrics=metrics, cost=breakdown, requests=requests, engines=pd.DataFrame(engine_rows),
         policy=policy, buffers=dict(buf), deployment=dep, engine=engine,
         specs=[s for s, _ in specs], outputs=outputs, inputs=inputs,
+        reservation=reservation, safety_rules=safety_rules,
     )

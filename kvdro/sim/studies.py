@@ -188,10 +188,12 @@ def policy_sweep(traces: dict[str, pd.DataFrame], deployments: dict[str, tuple[D
 
 
 def blocks_timeline(requests: pd.DataFrame, *, blocks: int, reserve_tokens: dict | None = None,
-                    max_num_seqs: int = 8) -> pd.DataFrame:
+                    max_num_seqs: int = 8, hard: bool = False) -> pd.DataFrame:
     """Per step and request: blocks reserved (held), tokens used, and free blocks, on a tiny engine of
     ``blocks`` blocks (reference engine, step by step). ``requests`` has arrival_s, input_tokens,
-    output_tokens; ``reserve_tokens`` (request position -> L_in + eta) makes it a reservation policy.
+    output_tokens; ``reserve_tokens`` (request position -> L_in + eta) makes it a reservation policy,
+    ``hard=True`` a hard one (a cap; the context window is ``blocks - 1`` blocks). vLLM's watermark is
+    int(1% of ``blocks``) = 0 on so small a pool; the free-block rule applies.
     Rows: step, t_s, dur_s, kind, request (or -1 for free), blocks, used_tokens."""
     from kvdro.sim.engine_reference import run_reference
     from kvdro.sim.scheduler import EngineInput, EngineSpec, ceil_blocks
@@ -206,7 +208,8 @@ def blocks_timeline(requests: pd.DataFrame, *, blocks: int, reserve_tokens: dict
         output=requests["output_tokens"].to_numpy().astype(np.int64),
         reserve_blocks=reserve, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=np.zeros(n, dtype=np.int64),
     )
-    spec = EngineSpec(blocks=blocks, watermark_blocks=0, max_num_seqs=max_num_seqs, token_budget=4096, reactive=reactive)
+    spec = EngineSpec(blocks=blocks, watermark_blocks=0, max_num_seqs=max_num_seqs, token_budget=4096, free_block_rule=True,
+                      hard=hard and not reactive, window_blocks=blocks - 1)
     out = run_reference(spec, inp, StepClock(hw.LLAMA2_70B, hw.A100_80GB, hw.ParallelConfig(4, 1)), record=True)
     rows = []
     for step, (t, dur, kind, free, seqs) in enumerate(out.trace):
