@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--method", choices=sorted(METHODS), default="exact", help="solver / formulation (default exact)")
     s.add_argument("--seed", type=int, default=0, help="seed of the sample draw (default 0)")
     s.add_argument("--load", type=float, default=None, help="multiplier of the trace's arrival rates")
+    s.add_argument("--serving", choices=("analytic", "calibrated"), default="analytic",
+                   help="serving model: chapter 4's analytic one or the simulator-calibrated table (default analytic)")
     s.add_argument("--time-limit", type=float, default=60.0, help="HiGHS time limit in seconds (default 60)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a report")
     from kvdro.sim.cli import add_parser as _add_simulate_parser  # ``simulate`` (kvdro.sim, chapter 7)
@@ -83,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         return _run_simulate(args)
     from kvdro.errors import SolverError
     from kvdro.joint import evaluate, paper_instance, solve_exact
+    from kvdro.joint.objective import predict_serving
+    from kvdro.joint.paper import DEFAULT_LOAD
 
     kwargs = {} if args.load is None else {"load": args.load}
     try:
-        instance = paper_instance(args.instance, args.seed, **kwargs)
+        instance = paper_instance(args.instance, args.seed, serving=args.serving, **kwargs)
         with _stdout_to_stderr():
             if args.method == "bcd":  # BCD-DRO, Algorithm 1 (kvdro.bcd); scored by the same evaluate
                 from kvdro.bcd import solve_bcd
@@ -103,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     ev = evaluate(instance, solution)
     if args.json:
         out = {
-            "instance": {"name": instance.name, "size": args.instance, "seed": args.seed, "J": instance.total_gpus},
+            "instance": {"name": instance.name, "size": args.instance, "seed": args.seed, "J": instance.total_gpus,
+                         "load": float(kwargs.get("load", DEFAULT_LOAD)), "serving": instance.serving},
             "solution": solution.to_dict(instance),
             "cost": ev.to_dict(),
+            "predicted": predict_serving(instance, solution),
         }
         print(json.dumps(out, indent=2))
     else:

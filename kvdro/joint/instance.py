@@ -105,6 +105,14 @@ class Instance:
         u_max: utilisation cap per serving group (< 1 keeps the waiting time (7) finite).
         waiting_bands: |B|, the number of utilisation bands of the waiting-time model
             (:func:`kvdro.joint.serving.band_edges`, :func:`kvdro.joint.serving.waiting_model`).
+        serving: ``"analytic"`` (chapter 4's model) or ``"calibrated"`` (the simulator's table,
+            :mod:`kvdro.joint.serving`): sets T, H, the banded W and the memory coefficient that every
+            formulation, BCD and :func:`kvdro.joint.evaluate` read.
+        calibration: a :class:`kvdro.joint.serving.CalibrationTable` (``None``: ``data/calibration_bands.csv``
+            of ``calibration_source``); only read when ``serving="calibrated"``.
+        calibration_source: ``"real"`` (Azure 2023 training half) or ``"synthetic"`` (the large family's).
+        operating_bands: per configuration, the band index (0-based) at which the calibrated H and
+            memory coefficient are read; ``None``: the top band.
         model: the served model (for the service time (1)).
         name: a label.
     """
@@ -124,6 +132,10 @@ class Instance:
     name: str = ""
     block_tokens: int = field(default=BLOCK_TOKENS)
     waiting_bands: int = 10
+    serving: str = "analytic"
+    calibration: object | None = None
+    calibration_source: str = "real"
+    operating_bands: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -182,6 +194,23 @@ class Instance:
             raise ValueError(f"model: must be a kvdro.hardware.Model, got {type(self.model).__name__}")
         if not isinstance(self.name, str):
             raise ValueError(f"name: must be a string, got {self.name!r}")
+        from kvdro.joint.serving import SERVING_MODELS, CalibrationTable
+
+        if self.serving not in SERVING_MODELS:
+            raise ValueError(f"serving: must be one of {SERVING_MODELS}, got {self.serving!r}")
+        if self.calibration is not None and not isinstance(self.calibration, CalibrationTable):
+            raise ValueError(f"calibration: must be a kvdro.joint.serving.CalibrationTable or None, got {type(self.calibration).__name__}")
+        if not isinstance(self.calibration_source, str):
+            raise ValueError(f"calibration_source: must be a string, got {self.calibration_source!r}")
+        if self.operating_bands is not None:
+            ob = tuple(_whole(b, f"operating_bands[{k}]", minimum=0) for k, b in enumerate(np.ravel(self.operating_bands)))
+            if len(ob) != len(configs) or max(ob) >= self.waiting_bands:
+                raise ValueError(f"operating_bands: need one band index in [0, {self.waiting_bands}) per configuration, got {self.operating_bands!r}")
+            set_(self, "operating_bands", ob)
+        if self.serving == "calibrated":
+            from kvdro.joint.serving import calibration_for
+
+            calibration_for(self)  # fail early: missing table, config or band mismatch
 
     # -- sizes and per-class vectors ------------------------------------------------------------
 
@@ -225,8 +254,12 @@ class Instance:
 
     @cached_property
     def capacity_tokens(self) -> np.ndarray:
-        """M_k [tokens], KV capacity of one group."""
-        return np.array([cfg.kv_capacity_tokens for cfg in self.configs], dtype=float)
+        """M_k [tokens], KV capacity of one group, as (6e) reads it. Calibrated serving model: the
+        effective capacity M_k / m_k, with m_k the simulator's KV occupancy per Little's-law token
+        (:func:`kvdro.joint.serving.kv_ratio`)."""
+        from kvdro.joint.serving import kv_ratio
+
+        return np.array([cfg.kv_capacity_tokens for cfg in self.configs], dtype=float) / kv_ratio(self)
 
     @cached_property
     def max_groups(self) -> np.ndarray:
@@ -239,16 +272,17 @@ class Instance:
     def service_s(self) -> np.ndarray:
         """Work T_ik of (1) [s of group time], shape (I, K, 2): ``[..., 0]`` without, ``[..., 1]`` with
         the cached prefix. Sets the utilisation and the queue's service time in (7)."""
-        from kvdro.joint.serving import service_table
+        from kvdro.joint.serving import calibrated_service_table, service_table
 
-        return service_table(self)
+        T = service_table(self)
+        return calibrated_service_table(self, T) if self.serving == "calibrated" else T
 
     @cached_property
     def residence_s(self) -> np.ndarray:
         """Residence time H_ik [s] (KV blocks held; Little's law in (6e), latency in (6f)), shape (I, K, 2)."""
-        from kvdro.joint.serving import residence_table
+        from kvdro.joint.serving import calibrated_residence_table, residence_table
 
-        return residence_table(self)
+        return calibrated_residence_table(self) if self.serving == "calibrated" else residence_table(self)
 
     @cached_property
     def service_variance_s2(self) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 from kvdro.joint.instance import Instance, Solution
 from kvdro.joint.serving import BAND_TOLERANCE, group_state
 
-__all__ = ["Evaluation", "evaluate", "TERMS"]
+__all__ = ["Evaluation", "evaluate", "TERMS", "predict_serving"]
 
 #: Names of the objective's terms, in the order of (8a).
 TERMS = ("preempt_waste", "gpu", "slo", "rejection")
@@ -153,3 +153,90 @@ def evaluate(instance: Instance, solution: Solution) -> Evaluation:
         memory_fraction=frac,
         violations=violations,
     )
+
+
+def predict_serving(instance: Instance, solution: Solution) -> dict:
+    """What the planner's serving model predicts the engine will deliver for ``solution``.
+
+    Returns a JSON-serialisable dict:
+
+    * ``e2e_mean_s`` -- mean end-to-end time of admitted requests, sum_k pi_ik (W_k + H_ik) per class
+      (the response time of (6f)), weighted by the admitted rates lambda_i a_i [s];
+    * ``per_class_e2e_mean_s`` -- class name -> that class's mean [s] (``per_class_goodput_rps`` likewise);
+    * ``goodput_rps`` -- admitted requests per second that finish within D_i: per class, configuration
+      and output sample xi_n, P(W_k <= D_i - H_ik(xi_n)) with the wait an atom at 0 of mass p_k plus an
+      exponential of mean W_k / (1 - p_k), and H linear in xi [req/s]. Analytic: p_k = 1 - u_k (M/G/1's
+      idle share), the residence slope in xi from (1). Calibrated: p_k = the simulator's share of
+      waits under 1 s, the slope c of the calibrated residence line;
+    * ``kv_utilisation_mean`` -- KV tokens in use over the deployed capacity: per group the
+      Little's-law tokens of (6e) without the headroom kappa, times the calibrated occupancy per
+      token m_k (1 for the analytic model), over the physical M_k;
+    * ``serving`` -- which serving model produced them.
+    """
+    from kvdro.joint.serving import calibration_for, group_state, kv_ratio
+
+    ev = evaluate(instance, solution)
+    z, r, pi, d = solution.z, solution.r, solution.pi, solution.delta
+    lam = instance.rates
+    H = np.where(d, instance.residence_s[:, :, 1], instance.residence_s[:, :, 0])
+    W = ev.waiting_s
+    a = pi.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_class = np.where(a > 0, (pi * (W[None, :] + H)).sum(axis=1) / np.where(a > 0, a, 1.0), np.nan)
+    flow = lam * a
+    e2e = float(np.nansum(flow * per_class) / flow.sum()) if flow.sum() > 0 else float("nan")
+
+    u = group_state(instance, z, pi, d).utilisation
+    K = instance.n_configs
+    if instance.serving == "calibrated":
+        cal = calibration_for(instance)
+        from kvdro.joint.serving import band_of
+
+        bands = np.clip(band_of(instance, u), 0, instance.waiting_bands - 1)
+        p0 = cal.wait_short_share[np.arange(K), bands]
+        slope = cal.residence[np.arange(K), cal.operating_bands, 2]
+        slope = np.broadcast_to(slope[None, :], pi.shape)
+    else:
+        p0 = np.clip(1.0 - u, 0.0, 1.0)
+        slope = np.zeros(pi.shape)
+        from kvdro.queueing import residence_time
+
+        for i, c in enumerate(instance.classes):
+            for k, perf in enumerate(instance.configs):
+                if pi[i, k] > 0:
+                    args = (c.mean_input_tokens, float(c.prefix_tokens), bool(d[i, k]))
+                    h1 = residence_time(instance.model, perf, args[0], c.mean_output_tokens + 1.0, args[1], args[2])
+                    slope[i, k] = h1 - H[i, k]
+    good = np.zeros(instance.n_classes)
+    for i, c in enumerate(instance.classes):
+        xi = np.asarray(c.output_tokens, dtype=float)
+        for k in range(K):
+            if pi[i, k] <= 0:
+                continue
+            h = H[i, k] + slope[i, k] * (xi - c.mean_output_tokens)
+            slack = float(c.slo_s) - h
+            Wk = W[k]
+            if not np.isfinite(Wk):
+                continue
+            tail = Wk / max(1.0 - p0[k], 1e-9)
+            ok = np.where(slack < 0, 0.0, p0[k] + (1 - p0[k]) * (1 - np.exp(-slack / tail)) if tail > 0 else 1.0)
+            good[i] += lam[i] * pi[i, k] * float(ok.mean())
+
+    m = kv_ratio(instance)
+    L_pre = instance.prefix_tokens
+    used = 0.0
+    cap = 0.0
+    for k, cfg in enumerate(instance.configs):
+        if z[k] <= 0:
+            continue
+        tokens = float(lam @ (pi[:, k] * H[:, k] * (r - d[:, k] * L_pre))) + z[k] * float(d[:, k] @ L_pre)
+        used += m[k] * tokens
+        cap += z[k] * cfg.kv_capacity_tokens
+    return {
+        "serving": instance.serving,
+        "e2e_mean_s": e2e,
+        "goodput_rps": float(good.sum()),
+        "kv_utilisation_mean": float(used / cap) if cap > 0 else float("nan"),
+        "per_class_e2e_mean_s": {c.name: (float(v) if np.isfinite(v) else None) for c, v in zip(instance.classes, per_class)},
+        "per_class_goodput_rps": {c.name: float(v) for c, v in zip(instance.classes, good)},
+    }

@@ -41,7 +41,11 @@ from kvdro.workload import (
     synthetic_classes,
 )
 
-__all__ = ["SIZES", "DEFAULT_LOAD", "azure_classes", "paper_instance"]
+__all__ = ["SIZES", "DEFAULT_LOAD", "SERVING_SOURCE", "azure_classes", "paper_instance", "paper_trace"]
+
+#: Which calibration table each family reads under ``serving="calibrated"``: the small instance is
+#: the real Azure traces, the large one their synthetic twins.
+SERVING_SOURCE = {"small": "real", "large": "synthetic"}
 
 #: (classes, J, samples per class) of each family.
 SIZES = {"small": (6, 8, 200), "large": (15, 48, 1000)}
@@ -119,13 +123,16 @@ def _configs():
     return tuple(config_performance(LLAMA2_70B, A100_80GB, c) for c in PAPER_CONFIGS)
 
 
-def paper_instance(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOAD, **costs: float) -> Instance:
+def paper_instance(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOAD, serving: str = "analytic",
+                   **costs: float) -> Instance:
     """The paper's ``"small"`` or ``"large"`` instance (module docstring), deterministic in ``seed``.
 
     Args:
         size: ``"small"`` (6 classes, J = 8, N = 200) or ``"large"`` (15 classes, J = 48, N = 1,000).
         seed: seed of the :class:`numpy.random.Generator` that draws the samples (and synthetic classes).
         load: multiplier of the arrival rates (1.0 = the trace's own rates).
+        serving: ``"analytic"`` (chapter 4) or ``"calibrated"`` (the simulator's table of
+            :data:`SERVING_SOURCE` ``[size]``; :mod:`kvdro.joint.serving`).
         **costs: overrides of :class:`Instance` fields (``c_p``, ``c_gpu``, ``eps``, ``u_max``, ...).
     """
     if not isinstance(size, str) or size not in SIZES:
@@ -145,21 +152,75 @@ def paper_instance(size: str = "small", seed: int = 0, *, load: float = DEFAULT_
     unknown = sorted(set(costs) - allowed)
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an Instance field that paper_instance can override ({sorted(allowed)})")
+    classes, _ = _draw(size, int(seed), load)
+    costs.setdefault("calibration_source", SERVING_SOURCE[size])
     n_classes, J, n_samples = SIZES[size]
-    rng = np.random.default_rng(int(seed))
-    real = azure_classes()
-    if size == "small":
-        classes = tuple(replace(c.subsample(n_samples, rng), arrival_rate=c.arrival_rate * load) for c in real)
-    else:
-        models = synthetic_classes(_base_models(), n_classes, rng)
-        drawn = [m.to_request_class(n_samples, rng) for m in models]
-        small_rate = sum(c.arrival_rate for c in real) / SIZES["small"][1]
-        scale = small_rate * J / sum(c.arrival_rate for c in drawn)
-        classes = tuple(replace(c, arrival_rate=c.arrival_rate * scale * load) for c in drawn)
     return Instance(
         classes=classes,
         configs=_configs(),
         total_gpus=J,
         name=f"{size}-seed{seed}-load{load:g}",
+        serving=serving,
         **costs,
     )
+
+
+def _draw(size: str, seed: int, load: float):
+    """(classes, models): the family's request classes at ``load``; for "large" also their generative
+    models with the same rates (for :func:`paper_trace`), else ``None``."""
+    n_classes, J, n_samples = SIZES[size]
+    rng = np.random.default_rng(int(seed))
+    real = azure_classes()
+    if size == "small":
+        return tuple(replace(c.subsample(n_samples, rng), arrival_rate=c.arrival_rate * load) for c in real), None
+    models = synthetic_classes(_base_models(), n_classes, rng)
+    drawn = [m.to_request_class(n_samples, rng) for m in models]
+    small_rate = sum(c.arrival_rate for c in real) / SIZES["small"][1]
+    scale = small_rate * J / sum(c.arrival_rate for c in drawn)
+    classes = tuple(replace(c, arrival_rate=c.arrival_rate * scale * load) for c in drawn)
+    return classes, tuple(replace(m, arrival_rate=m.arrival_rate * scale * load) for m in models)
+
+
+#: Length of the large family's synthetic trace [s]; its first half trains, its second half tests.
+LARGE_TRACE_S = 3600.0
+
+
+def paper_trace(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOAD, part: str = "test"):
+    """The instance's own trace, cut in time: ``part="train"`` the first half, ``"test"`` the second
+    (arrivals re-based to 0 s), in the tidy schema with the instance's class names.
+
+    * ``"small"``: the Azure 2023 code + conversation traces, each split into input buckets with the
+      whole trace's edges (as :func:`azure_classes`), merged; arrival times divided by ``load``
+      (the instance's rates are the trace's times ``load``).
+    * ``"large"``: a synthetic trace of :data:`LARGE_TRACE_S` seconds drawn from the instance's
+      15 class models (Gamma arrivals with each class's CV, its rate at ``load``), seeded by
+      ``[seed, 16]`` (independent of the instance's samples).
+    """
+    import pandas as pd
+
+    from kvdro.workload import synthesize_trace
+
+    if not isinstance(size, str) or size not in SIZES:
+        raise ValueError(f"size: must be one of {sorted(SIZES)}, got {size!r}")
+    if part not in ("train", "test"):
+        raise ValueError(f"part: must be 'train' or 'test', got {part!r}")
+    load = float(load)
+    if not (np.isfinite(load) and load > 0):
+        raise ValueError(f"load: must be a positive number, got {load!r}")
+    if size == "small":
+        from kvdro.datasets import load_trace
+
+        df = pd.concat([split_by_input_quantile(load_trace(n), 3) for n in ("azure-2023-code", "azure-2023-conv")],
+                       ignore_index=True)
+        df = df.sort_values("arrival_s", kind="stable", ignore_index=True)
+        df["arrival_s"] = (df["arrival_s"] - df["arrival_s"].min()) / load
+    else:
+        _, models = _draw(size, int(seed), load)
+        df = synthesize_trace(models, LARGE_TRACE_S, np.random.default_rng([int(seed), 16]))
+    t = df["arrival_s"].to_numpy(dtype=float)
+    cut = t.min() + 0.5 * (t.max() - t.min())
+    out = df[t < cut] if part == "train" else df[t >= cut]
+    out = out.reset_index(drop=True)
+    out["arrival_s"] = out["arrival_s"] - float(out["arrival_s"].min())
+    out.attrs = {"source": f"{size}-seed{seed}-load{load:g}", "part": part}
+    return out

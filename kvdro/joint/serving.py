@@ -31,13 +31,37 @@ function that bounds phi_k from above and that a MILP represents exactly (one bi
 :func:`group_state` also reports, as a diagnostic, Kingman's W with the group's *own* class mix and
 QNA-thinned arrival SCV (``p c_i^2 + 1 - p`` for a random share p = pi_ik / z_k of class i), which
 is closer to what the simulator sees but depends on the routing non-linearly.
+
+**Two serving models, one switch** (``Instance(..., serving="analytic"|"calibrated")``). Everything
+above is the *analytic* model of chapter 4. The *calibrated* model (chapter 7, "One model for
+planner and engine") takes the same four kinds of coefficient from a table the simulator measured
+(:class:`CalibrationTable`, ``data/calibration_bands.csv``, written by :mod:`kvdro.calibration`),
+per configuration k and utilisation band j (the bands of :func:`band_edges`):
+
+* the work ``T_ik`` = analytic work x ``work_scale_k``, where ``work_scale_k`` makes ``u = 1`` the
+  simulated saturation throughput of one group of k (so u is a share of what the engine delivers);
+* the waiting time ``W_kj`` = the simulator's mean wait of a group run at the band's upper edge
+  (replaces phi_k(u_j) in :func:`band_waiting_s`; still a step function of the band);
+* the residence ``H_ik = a_kj + b_kj (L_in^i - delta L_pre^i) + c_kj E[xi_i]`` (a least-squares line
+  over the simulated requests), read at one band per configuration, ``Instance.operating_bands``
+  (default: the top band, like the analytic model's 90 % reference point). Banding H inside the MILP
+  would need a product pi_ik [band_k = j] H_ikj that the current formulations do not have, so H is
+  resolved by the plan -> simulate -> recalibrate loop (:func:`kvdro.calibration.calibration_loop`):
+  it sets each configuration's operating band to the band its plan visits;
+* the KV occupancy per reserved token ``m_kj`` = simulated mean KV tokens held / the Little's-law
+  tokens sum_i lambda_i H_ik r_i of the formula; it enters (6e) as the effective capacity
+  ``M_k / m_kj`` (:attr:`Instance.capacity_tokens`; the prefix term of (6e) is scaled with it),
+  at the same operating band as H.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from kvdro.queueing import (
     decode_time_per_token,
@@ -59,7 +83,28 @@ __all__ = [
     "BAND_TOLERANCE",
     "GroupState",
     "group_state",
+    "SERVING_MODELS",
+    "CALIBRATION_FILE",
+    "CALIBRATION_COLUMNS",
+    "CalibrationTable",
+    "load_calibration",
+    "calibration_for",
+    "residence_line",
 ]
+
+#: The two serving models of ``Instance(serving=...)``.
+SERVING_MODELS = ("analytic", "calibrated")
+#: The simulator-measured table (``python -m kvdro.bench calibration`` regenerates it).
+CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "data" / "calibration_bands.csv"
+#: Its columns: per (source, config, band): the band's upper edge, the arrival rate of the run
+#: [req/s], the simulated saturation throughput [req/s] and work scale of the config, the mean wait
+#: [s], the share of requests that waited under 1 s, the residence line (a [s], b [s per input
+#: token], c [s per output token]), the KV occupancy per reserved token, the measured KV use and
+#: utilisation (busy share of saturation), the number of requests.
+CALIBRATION_COLUMNS = (
+    "source", "config", "band", "u_edge", "rate_rps", "sat_rps", "work_scale", "wait_mean_s",
+    "wait_short_share", "res_a_s", "res_b_s", "res_c_s", "kv_ratio", "kv_use", "requests",
+)
 
 
 def _table(instance, fn) -> np.ndarray:
@@ -124,7 +169,12 @@ def band_edges(instance) -> np.ndarray:
 
 
 def band_waiting_s(instance) -> np.ndarray:
-    """W at each band's upper edge [s], shape (K, B): the constants the MILP multiplies pi by."""
+    """W at each band's upper edge [s], shape (K, B): the constants the MILP multiplies pi by.
+
+    Analytic: Kingman's phi_k(u_j). Calibrated: the simulator's mean wait at u_j (:class:`CalibrationTable`).
+    """
+    if getattr(instance, "serving", "analytic") == "calibrated":
+        return calibration_for(instance).wait_s.copy()
     edges = band_edges(instance)
     return instance.mix_waiting_coefficients[:, None] * (edges / (1.0 - edges))[None, :]
 
@@ -233,3 +283,153 @@ def group_state(instance, z: np.ndarray, pi: np.ndarray, delta: np.ndarray) -> G
         service_mean_s=mean,
         service_scv=cs2,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# The calibrated serving model: the simulator's table
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class CalibrationTable:
+    """Simulator-measured serving coefficients per (configuration, utilisation band) of one source.
+
+    Attributes:
+        source: the traces it was measured on (``"real"``: the Azure 2023 training half;
+            ``"synthetic"``: the large family's synthetic training half).
+        frame: one row per (config, band) with :data:`CALIBRATION_COLUMNS` (``band`` 0-based, as
+            :func:`band_of`).
+    """
+
+    source: str
+    frame: pd.DataFrame = field(repr=False)
+
+    def __post_init__(self) -> None:
+        missing = [c for c in CALIBRATION_COLUMNS if c not in self.frame.columns]
+        if missing:
+            raise ValueError(f"frame: calibration table lacks column(s) {missing}")
+        f = self.frame[self.frame["source"] == self.source]
+        if f.empty:
+            raise ValueError(f"source: no calibration rows for {self.source!r} (have {sorted(self.frame['source'].unique())})")
+        num = [c for c in CALIBRATION_COLUMNS if c not in ("source", "config")]
+        vals = f[num].to_numpy(dtype=float)
+        if not np.all(np.isfinite(vals)):
+            raise ValueError(f"frame: calibration rows of {self.source!r} hold a non-finite number")
+        object.__setattr__(self, "frame", f.sort_values(["config", "band"]).reset_index(drop=True))
+
+    @property
+    def configs(self) -> tuple[str, ...]:
+        return tuple(sorted(self.frame["config"].unique()))
+
+    def rows(self, config: str) -> pd.DataFrame:
+        """The rows of ``config`` (a name like ``"TP4-PP1"``), ordered by band."""
+        r = self.frame[self.frame["config"] == config]
+        if r.empty:
+            raise ValueError(f"config: {config!r} is not in the calibration table ({', '.join(self.configs)})")
+        return r
+
+    def with_rows(self, updates: pd.DataFrame) -> CalibrationTable:
+        """A copy with the (config, band) rows of ``updates`` replaced (the loop's refits)."""
+        f = self.frame.set_index(["config", "band"])
+        u = updates.assign(source=self.source).set_index(["config", "band"])
+        f.update(u[[c for c in u.columns if c in f.columns]])
+        return replace(self, frame=f.reset_index()[list(CALIBRATION_COLUMNS)])
+
+
+@lru_cache(maxsize=4)
+def _read(path: str, mtime: float) -> pd.DataFrame:
+    return pd.read_csv(path)
+
+
+def load_calibration(source: str = "real", path: Path | str | None = None) -> CalibrationTable:
+    """The calibration table of ``source`` from ``path`` (default :data:`CALIBRATION_FILE`).
+
+    Raises:
+        ValueError: the file is missing (naming the command that writes it) or lacks a column/source.
+    """
+    p = Path(CALIBRATION_FILE if path is None else path)
+    if not p.is_file():
+        raise ValueError(f"path: {p} does not exist; write it with `python -m kvdro.bench calibration`")
+    return CalibrationTable(source=source, frame=_read(str(p), p.stat().st_mtime).copy())
+
+
+@dataclass(frozen=True)
+class InstanceCalibration:
+    """A :class:`CalibrationTable` aligned with an instance's configurations (arrays of K rows)."""
+
+    work_scale: np.ndarray  # (K,)
+    sat_rps: np.ndarray  # (K,)
+    wait_s: np.ndarray  # (K, B)
+    wait_short_share: np.ndarray  # (K, B)
+    residence: np.ndarray  # (K, B, 3): a [s], b [s/input token], c [s/output token]
+    kv_ratio: np.ndarray  # (K, B)
+    operating_bands: np.ndarray  # (K,) band index where H and m are read
+
+
+def calibration_for(instance) -> InstanceCalibration:
+    """The instance's calibration table as arrays over its configurations (cached on the instance).
+
+    Raises:
+        ValueError: a configuration is missing from the table, or the table's band edges are not
+            the instance's (:func:`band_edges`: ``u_max`` and ``waiting_bands`` must match).
+    """
+    cached = instance.__dict__.get("_calibration_arrays")
+    if cached is not None:
+        return cached
+    table = instance.calibration if instance.calibration is not None else load_calibration(instance.calibration_source)
+    edges = band_edges(instance)
+    B, K = edges.size, instance.n_configs
+    out = {k: np.empty(s) for k, s in (("work_scale", K), ("sat_rps", K), ("wait_s", (K, B)), ("wait_short_share", (K, B)),
+                                        ("residence", (K, B, 3)), ("kv_ratio", (K, B)))}
+    for k, cfg in enumerate(instance.configs):
+        rows = table.rows(cfg.config.name)
+        if len(rows) != B or not np.allclose(rows["u_edge"].to_numpy(dtype=float), edges, rtol=0, atol=1e-5):
+            raise ValueError(
+                f"calibration: the table's bands for {cfg.config.name} ({len(rows)} edges) are not the instance's "
+                f"(u_max={instance.u_max}, waiting_bands={instance.waiting_bands}); regenerate it for these bands"
+            )
+        out["work_scale"][k] = float(rows["work_scale"].iloc[0])
+        out["sat_rps"][k] = float(rows["sat_rps"].iloc[0])
+        out["wait_s"][k] = rows["wait_mean_s"].to_numpy(dtype=float)
+        out["wait_short_share"][k] = rows["wait_short_share"].to_numpy(dtype=float)
+        out["residence"][k] = rows[["res_a_s", "res_b_s", "res_c_s"]].to_numpy(dtype=float)
+        out["kv_ratio"][k] = rows["kv_ratio"].to_numpy(dtype=float)
+    ob = instance.operating_bands
+    bands = np.full(K, B - 1, dtype=int) if ob is None else np.asarray(ob, dtype=int)
+    res = InstanceCalibration(operating_bands=bands, **out)
+    instance.__dict__["_calibration_arrays"] = res
+    return res
+
+
+def residence_line(instance, k: int, band: int | None = None) -> np.ndarray:
+    """(a, b, c) of the calibrated residence H = a + b L_in + c xi [s] of configuration k at ``band``
+    (default its operating band)."""
+    cal = calibration_for(instance)
+    j = int(cal.operating_bands[k]) if band is None else int(band)
+    return cal.residence[k, j]
+
+
+def calibrated_service_table(instance, analytic: np.ndarray) -> np.ndarray:
+    """Calibrated work T_ik [s], shape (I, K, 2): the analytic work times each configuration's work scale."""
+    return analytic * calibration_for(instance).work_scale[None, :, None]
+
+
+def calibrated_residence_table(instance) -> np.ndarray:
+    """Calibrated residence H_ik [s], shape (I, K, 2), at each configuration's operating band."""
+    cal = calibration_for(instance)
+    L_in, L_pre = instance.input_tokens, instance.prefix_tokens
+    xi = np.array([c.mean_output_tokens for c in instance.classes])
+    out = np.empty((instance.n_classes, instance.n_configs, 2))
+    for k in range(instance.n_configs):
+        a, b, c = cal.residence[k, cal.operating_bands[k]]
+        for cached in (0, 1):
+            out[:, k, cached] = a + b * (L_in - cached * L_pre) + c * xi
+    return np.maximum(out, 1e-6)
+
+
+def kv_ratio(instance) -> np.ndarray:
+    """KV occupancy per Little's-law token m_k at each configuration's operating band (1 for analytic)."""
+    if getattr(instance, "serving", "analytic") != "calibrated":
+        return np.ones(instance.n_configs)
+    cal = calibration_for(instance)
+    return cal.kv_ratio[np.arange(instance.n_configs), cal.operating_bands]
