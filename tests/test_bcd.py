@@ -29,7 +29,6 @@ from kvdro.bcd.blocks import (
 from kvdro.errors import SolverError
 from kvdro.joint import Instance, Solution, evaluate, solve_exact
 
-MONOTONE_STEPS = {"descent": {"LP1", "LP2", "delta", "z"}, "paper": {"LP1", "LP2", "z"}}
 
 
 def random_instance(rng: np.random.Generator, n_classes: int = 3, **kw) -> Instance:
@@ -46,23 +45,44 @@ def instances():
 # ------------------------------------------------------------------------------------ the algorithm
 
 
+def _fresh_block_pass(inst, sol, rule):
+    """Every block run once more at ``sol`` with freshly built models: the objective each one reaches
+    (LP1 at sol's bands, LP2, Block 2's proposal, Block 3), each scored by ``evaluate``."""
+    from kvdro.bcd.blocks import ConfigIP
+
+    z, r, pi, d = sol.z, sol.r, sol.pi, sol.delta
+
+    def F(z_, r_, pi_, d_):
+        ev = evaluate(inst, Solution(z=z_, r=r_, pi=pi_, delta=d_))
+        return ev.total if ev.feasible else np.inf
+
+    lp1 = RoutingLP(inst)
+    pi1, _ = lp1.solve(z, r, d, lp1.bands_for(z, utilisation(inst, z, pi, d)))
+    out = {"LP1": F(z, r, pi1, d), "LP2": F(z, ReservationStep(inst).solve(z, r, pi, d), pi, d)}
+    if rule == "descent":
+        out["delta"] = F(z, r, pi, prefix_descent(inst, z, r, pi, d))
+    z3, pi3, value3 = ConfigIP(inst).solve(r, d)
+    out["z"] = F(z3, r, pi3, d)
+    out["z (model value)"] = value3
+    return F(z, r, pi, d), out
+
+
 @pytest.mark.parametrize("rule", ["descent", "paper"])
-def test_objective_never_rises_where_the_algorithm_guarantees_it(instances, rule):
-    """Every LP1, LP2 and Block-3 step (and, for the descent rule, every Block-2 step) keeps or lowers
-    the evaluated objective; the returned solution is the best iterate and feasible."""
+def test_a_converged_run_is_blockwise_optimal_against_fresh_block_models(instances, rule):
+    """Where BCD says it converged, one more pass of every block -- each a model built afresh -- lowers
+    the objective by no more than tol: no block can improve the returned point (chapter 6's definition
+    of blockwise optimal). The old stop rule (z and delta repeat) failed this when Block 3 moved pi."""
     checked = 0
     for inst in instances:
         run = run_bcd(inst, delta_rule=rule)
-        f = run.objectives()
-        assert run.trace[0].block == "init" and np.isfinite(f[0])
-        for prev, rec in zip(run.trace, run.trace[1:]):
-            if rec.block in MONOTONE_STEPS[rule]:
-                assert rec.objective <= prev.objective * (1 + 1e-9) + 1e-9, (inst.name, rec)
-                checked += 1
-        ev = evaluate(inst, run.solution)
-        assert ev.feasible
-        assert ev.total == pytest.approx(f.min(), rel=1e-12)
-    assert checked > 100
+        if not run.converged:
+            continue
+        f, fresh = _fresh_block_pass(inst, run.solution, rule)
+        assert np.isfinite(f) and f == pytest.approx(run.solution.objective, rel=1e-12)
+        for block, value in fresh.items():
+            assert value >= f * (1 - 1e-7), (inst.name, rule, block, value, f)
+        checked += 1
+    assert checked >= 20
 
 
 def test_caching_every_routed_pair_is_never_worse_than_the_paper_rule(instances):
@@ -77,16 +97,6 @@ def test_caching_every_routed_pair_is_never_worse_than_the_paper_rule(instances)
         if np.all(lhs <= cap):
             by_rule = evaluate(inst, Solution(z=sol.z, r=sol.r, pi=sol.pi, delta=rule))
             assert evaluate(inst, all_routed).total <= by_rule.total * (1 + 1e-12) + 1e-12
-
-
-def test_stops_when_z_and_delta_repeat(instances):
-    for inst in instances[:8]:
-        run = run_bcd(inst)
-        last = [r for r in run.trace if r.iteration == run.iterations]
-        prev = [r for r in run.trace if r.iteration == run.iterations - 1]
-        if run.converged and prev:
-            assert last[-1].z == prev[-1].z and last[-1].cached == prev[-1].cached
-        assert run.iterations <= 20
 
 
 @pytest.mark.parametrize("rule", ["descent", "paper"])
@@ -246,12 +256,16 @@ def test_a_failing_block_solve_propagates_its_status(instances, monkeypatch):
 # ------------------------------------------------------------------------------------ warm start, windows
 
 
-def test_warm_start_from_the_answer_keeps_it(instances):
+def test_a_warm_start_from_another_point_converges_blockwise_optimal(instances):
+    """Warm-started from the paper rule's answer (a different point), the descent run converges to a
+    point no fresh block improves, and never below the proven optimum."""
     for inst in instances[:5]:
-        first = solve_bcd(inst)
-        again = run_bcd(inst, init=first)
-        assert again.trace[0].objective == pytest.approx(evaluate(inst, first).total, rel=1e-9)
-        assert evaluate(inst, again.solution).total <= evaluate(inst, first).total * (1 + 1e-9)
+        start = solve_bcd(inst, delta_rule="paper")
+        run = run_bcd(inst, init=start)
+        assert run.converged
+        f, fresh = _fresh_block_pass(inst, run.solution, "descent")
+        assert min(fresh.values()) >= f * (1 - 1e-7)
+        assert f >= evaluate(inst, solve_exact(inst)).total * (1 - 1e-7)
 
 
 def test_drifting_windows_scale_outputs_and_keep_the_support(instances):
@@ -267,10 +281,14 @@ def test_drifting_windows_scale_outputs_and_keep_the_support(instances):
     assert wins[1].eps[0] == pytest.approx(0.15 * wins[1].classes[0].mean_output_tokens)
     warm = reoptimise(wins, [1.0, 1.5], method="bcd-warm")
     static = reoptimise(wins, [1.0, 1.5], method="static")
+    exact = reoptimise(wins, [1.0, 1.5], method="exact")
     assert all(evaluate(w, r.solution).feasible for w, r in zip(wins, warm))
     assert evaluate(wins[1], carry_over(wins[1], warm[0].solution)).feasible
-    # the old decision is a feasible start for the new window, so re-optimising cannot lose to it
-    assert warm[1].objective <= static[1].objective * (1 + 1e-9)
+    # a law, not a construction: neither the warm-started BCD nor the carried-over decision beats the
+    # proven optimum of the drifted window, and each objective is what evaluate says
+    for w, a, b, e in zip(wins, warm, static, exact):
+        assert a.objective == pytest.approx(evaluate(w, a.solution).total, rel=1e-12)
+        assert min(a.objective, b.objective) >= e.objective * (1 - 1e-7)
     with pytest.raises(ValueError, match="shifts"):
         drifting_windows(inst, [1.0, -1.0])
 
