@@ -117,8 +117,20 @@ def _weights(x: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.fl
 
 
 def _solve_conic(problem, what: str) -> float:
-    """Solve an exponential-cone or semidefinite model with Clarabel (status checked)."""
-    return solve_lp(problem, what)
+    """Solve an exponential-cone or semidefinite model with Clarabel at its default tolerances
+    (the LP settings of :mod:`kvdro.newsvendor` are tighter than these cones reach); raise
+    :class:`kvdro.errors.SolverError` with the status unless it is ``optimal``."""
+    import cvxpy as cp
+
+    from kvdro.errors import SolverError
+
+    try:
+        problem.solve(solver="CLARABEL")
+    except cp.error.SolverError as exc:
+        raise SolverError(what, f"solver failure: {exc}") from exc
+    if problem.status != cp.OPTIMAL or not math.isfinite(float(problem.value)):
+        raise SolverError(what, problem.status)
+    return float(problem.value)
 
 
 # =========================================================================== Scarf's moment set
@@ -194,7 +206,10 @@ def scarf_problem(samples: ArrayLike, eta: float | None, c_p: float, c_w: float)
     x = as_samples(samples)
     c_p, c_w = check_costs(c_p, c_w)
     mu, m2 = _moments(x)
-    scale = math.sqrt(m2) if m2 > 0 else 1.0
+    if m2 - mu * mu <= 1e-9 * m2 or mu <= 0:
+        raise ValueError("samples must have a positive mean and variance for the moment SDP "
+                         "(with one value the set is a single point; use scarf_worst_case_cost)")
+    scale = math.sqrt(m2)
     mu_s, m2_s = mu / scale, m2 / scale**2
     if eta is None:
         e = cp.Variable(name="eta", nonneg=True)
@@ -385,10 +400,14 @@ def _ks_worst_cdf(x, b, c_p, c_w, d, L):
     up = np.minimum(cdf + d, 1.0)
     down = np.maximum(cdf - d, 0.0)
     lo, hi = _ks_level_range(x, b, d)
-    cand = np.unique(np.clip(np.concatenate([[lo, hi], up[below], down[~below]]), lo, hi))
+    q = c_p / (c_p + c_w) if c_p + c_w > 0 else 0.5
+    cand = np.unique(np.clip(np.concatenate([[lo, hi, q], up[below], down[~below]]), lo, hi))
     F = np.where(below[None, :], np.minimum(up[None, :], cand[:, None]), np.maximum(down[None, :], cand[:, None]))
     vals = _ks_value(F, length, below, b, c_p, c_w, L)
-    k = int(np.argmax(vals))
+    # among (numerically) tied worst cases take the level closest to q*: at the robust buffer that
+    # one is the saddle point of chapter 9's theorem
+    tied = np.flatnonzero(vals >= vals.max() - 1e-12 * max(1.0, abs(vals.max())))
+    k = int(tied[np.argmin(np.abs(cand[tied] - q))])
     return T, F[k]
 
 
@@ -488,7 +507,7 @@ def worst_case_cost(
         if method == "closed_form":
             return ks_worst_case_cost(samples, eta, c_p, c_w, radius, L_max)
         return solve_lp(ks_problem(samples, eta, c_p, c_w, radius, L_max).problem, "KS band LP")
-    return wasserstein.worst_case_cost(samples, eta, c_p, c_w, radius, L_max,
+    return wasserstein.worst_case_cost(samples, eta, c_p, c_w, _radius(radius), L_max,
                                        method="closed_form" if method == "closed_form" else "dual_lp")
 
 
@@ -532,7 +551,7 @@ def robust_solution(
         if method == "cvxpy":
             return Robust(sol.eta, solve_lp(ks_problem(samples, sol.eta, c_p, c_w, radius, L_max).problem, "KS band LP"))
         return sol
-    sol = wasserstein.dro_solution(samples, c_p, c_w, radius, L_max, method="closed_form" if method == "closed_form" else "lp")
+    sol = wasserstein.dro_solution(samples, c_p, c_w, _radius(radius), L_max, method="closed_form" if method == "closed_form" else "lp")
     return Robust(eta=sol.eta, value=sol.cost)
 
 
@@ -762,12 +781,8 @@ def bucket_reservations(
         raise ValueError("input_tokens must be non-negative finite prompt lengths, one per output")
     k = _count(n_bins, "n_bins")
     inner = np.unique(np.quantile(L, np.linspace(0, 1, k + 1)[1:-1], method="inverted_cdf"))
+    inner = inner[inner > L.min()]  # an edge at the smallest prompt would leave its bin empty
     edges = np.concatenate([[-np.inf], inner, [np.inf]])
     bins = np.searchsorted(edges, L, side="right") - 1
-    buffers = []
-    for j in range(edges.size - 1):
-        part = y[bins == j]
-        if part.size == 0:
-            raise ValueError(f"n_bins: bin {j} of the prompt lengths is empty; use fewer bins")
-        buffers.append(robust_solution(kind, part, c_p, c_w, radius, L_max).eta)
+    buffers = [robust_solution(kind, y[bins == j], c_p, c_w, radius, L_max).eta for j in range(edges.size - 1)]
     return Buckets(edges=edges, buffers=np.asarray(buffers))
