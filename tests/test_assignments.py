@@ -179,50 +179,66 @@ def test_student_notebook_leaks_no_solution(kit, name):
 
 
 # ----------------------------------------------------------------------------------------- helpful messages
-#: (assignment, question, a plausible wrong answer, words the failure message must contain)
+#: (assignment, question, a plausible wrong answer, words the failure message must contain, the score the
+#: answer gets on that question, whether a PUBLIC test (the one a student sees) must say it). Each answer is
+#: run against the question's public and hidden tests in the master's environment, as otter does.
 WRONG_ANSWERS = [
     ("a1_newsvendor", "q1", """
 def cost_slope(samples, eta, c_p, c_w):
     return (c_p + c_w) * np.mean(np.asarray(samples) <= eta) - c_w
-""", "slope starts at -c_p"),
+""", "slope starts at -c_p", 0.0, False),
     ("a1_newsvendor", "q2", """
 def critical_fractile(c_p, c_w):
     return c_w / (c_p + c_w)
-""", "1 - q*: the roles of c_p and c_w are swapped"),
+""", "1 - q*: the roles of c_p and c_w are swapped", 0.0, True),
     ("a1_newsvendor", "q3", """
 def saa_buffer(samples, c_p, c_w):
     return float(np.quantile(samples, c_w / (c_p + c_w), method="inverted_cdf"))
-""", "which is 1 - q*"),
+""", "quantile at 1 - q*", 0.0, True),
     ("a1_newsvendor", "q3", """
 def saa_buffer(samples, c_p, c_w):
     return float(np.quantile(samples, c_p / (c_p + c_w)))
-""", "lower quantile"),
+""", "LOWER empirical quantile", 0.0, True),
     ("a1_newsvendor", "q4", """
 def saa_lp(samples, c_p, c_w):
     xi = np.asarray(samples, dtype=float)
     eta, theta = cp.Variable(), cp.Variable(xi.size)
     cons = [theta >= c_w * (xi - eta), theta >= c_p * (eta - xi)]
     return cp.Problem(cp.Minimize(cp.sum(theta) / xi.size), cons), eta
-""", "1 - q* quantile"),
+""", "1 - q* quantile", 0.0, True),
+    # gaming: the reference package's number wrapped in a problem, no dual written
+    ("a2_wasserstein", "q1", """
+def dual_lp(samples, eta, c_p, c_w, eps, L_max):
+    return cp.Problem(cp.Minimize(wasserstein.worst_case_cost(samples, eta, c_p, c_w, eps, L_max)))
+""", "is not a dual", 0.0, True),
+    # gaming: the reference package's own dual problem (it merges equal samples)
+    ("a2_wasserstein", "q1", """
+def dual_lp(samples, eta, c_p, c_w, eps, L_max):
+    return wasserstein.dual_problem(samples, eta, c_p, c_w, eps, L_max).problem
+""", "one entry per sample", 0.0, True),
     ("a2_wasserstein", "q1", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     xi = np.asarray(samples, dtype=float)
-    gamma, theta = cp.Variable(nonneg=True), cp.Variable(xi.size, nonneg=True)
+    gamma, theta = cp.Variable(nonneg=True, name="gamma"), cp.Variable(xi.size, nonneg=True, name="theta")
     cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi),
             theta >= c_p * (L_max - eta) + gamma * (L_max - xi), theta >= c_w * eta + gamma * xi]
     return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
-""", "sign of the gamma terms"),
+""", "SIGN of the gamma", 0.0, True),
     ("a2_wasserstein", "q1", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     xi = np.asarray(samples, dtype=float)
-    gamma, theta = cp.Variable(nonneg=True), cp.Variable(xi.size, nonneg=True)
+    gamma, theta = cp.Variable(nonneg=True, name="gamma"), cp.Variable(xi.size, nonneg=True, name="theta")
     cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi)]
     return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
-""", "(8e)-(8f), which let mass move"),
+""", "violate (8e), (8f)", 0.0, True),
+    # upstream failure: the dual was never solved, so its value is None (was "ufunc 'isfinite' not supported")
+    ("a2_wasserstein", "q3", """
+wc_dual = dual_lp(xi_small, eta_saa, C_P, C_W, eps_paper, L_MAX).value
+""", "wc_dual is None", 0.0, True),
     ("a2_wasserstein", "q4", """
 def threshold_radius(samples, c_p, c_w, L_max, tol=1e-3):
     return 0.15 * float(np.mean(samples))  # the paper's radius, not the threshold
-""", "robust buffer"),
+""", "not by a formula for the radius", 0.0, True),
     ("a3_joint_milp", "q1", """
 def memory_and_reservation_cost(d, v):
     I, K = len(d["lam"]), len(d["M"])
@@ -230,7 +246,7 @@ def memory_and_reservation_cost(d, v):
               <= d["M"][k] * v["z"][k] for k in range(K)]
     cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
     return memory, cost
-""", "factor 1 + kappa"),
+""", "factor 1 + kappa", 1.0, False),
     ("a3_joint_milp", "q1", """
 def memory_and_reservation_cost(d, v):
     I, K = len(d["lam"]), len(d["M"])
@@ -238,54 +254,72 @@ def memory_and_reservation_cost(d, v):
                   for i in range(I)) <= d["M"][k] * v["z"][k] for k in range(K)]
     cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
     return memory, cost
-""", "residence time H"),
+""", "residence time H", 1.0, False),
     ("a3_joint_milp", "q2", """
 def mccormick_links(d, v):
     return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
             for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] <= v["pi"][i, k])]
-""", "w >= pi + x - 1 is missing"),
+""", "w >= pi + x - 1 is missing", 0.0, True),
+    # was 11/11: the old tests checked only points with x = 1
+    ("a3_joint_milp", "q2", """
+def mccormick_links(d, v):
+    return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
+            for c in (v["w"][i][k] <= v["pi"][i, k], v["w"][i][k] >= v["pi"][i, k] + v["x"][i] - 1)]
+""", "w <= x is missing", 0.0, True),
+    ("a3_joint_milp", "q2", """
+def mccormick_links(d, v):
+    return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
+            for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] >= v["pi"][i, k] + v["x"][i] - 1)]
+""", "w <= pi is missing", 0.0, True),
     ("a3_joint_milp", "q3", """
 def disaggregated_links(d, v):
     return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
             for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] <= v["pi"][i, k])]
-""", "sum_c w_ikc = pi_ik"),
+""", "sum_c w_ikc = pi", 0.0, True),
+    ("a3_joint_milp", "q3", """
+def disaggregated_links(d, v):
+    return [cp.sum(v["w"][i][k]) == v["pi"][i, k] for i in range(len(d["lam"])) for k in range(len(d["M"]))]
+""", "w <= x is missing", 0.0, True),
+    # upstream failure: the q4 cell stopped in its first solve (was "KeyError: 'mccormick'")
+    ("a3_joint_milp", "q4", """
+results = {}
+""", "results has no entry 'mccormick'", 0.0, True),
     ("a4_policy", "q1", """
 def holdout(trace, n_test):
     mid = len(trace) // 2
     test = trace.iloc[mid:mid + n_test]
     return trace.iloc[:mid], test.assign(arrival_s=test["arrival_s"] - test["arrival_s"].min())
-""", "BY ARRIVAL TIME"),
+""", "BY ARRIVAL TIME", None, False),
     ("a4_policy", "q2", """
 def my_buffers(train, rho):
     return {str(c): float(np.quantile(p["output_tokens"], 1 / (rho + 1), method="inverted_cdf"))
             for c, p in train.groupby("request_class")}
-""", "never make the policy reserve less"),
+""", "never make the policy reserve less", None, False),
     ("a4_policy", "q3", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rng = np.random.default_rng(seed)  # one generator shared by every policy
     rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
                             rho=rho, rng=rng).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "own np.random.default_rng(seed)"),
+""", "own np.random.default_rng(seed)", None, False),
     ("a4_policy", "q3", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rows = {label: simulate(test, policy="vllm" if b is None else "dro", buffers=None, deployment=deployment,
                             rho=rho, rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "refits the buffers on the TEST trace"),
+""", "refits the buffers on the TEST trace", None, False),
     ("a4_policy", "q3", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
                             rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "pass rho to simulate"),
+""", "pass rho to simulate", None, False),
 ]
 
 
-@pytest.mark.parametrize(
-    "name, question, wrong, hint", WRONG_ANSWERS, ids=[f"{a}-{q}-{i}" for i, (a, q, _, _) in enumerate(WRONG_ANSWERS)]
-)
-def test_wrong_answer_gets_a_helpful_message(kit, name, question, wrong, hint):
+def grade_wrong_answer(kit: Path, name: str, question: str, wrong: str) -> tuple[float, float, str, str]:
+    """Run a question's tests (public and hidden) on the master's environment with ``wrong`` executed
+    on top; return (score, possible, messages of failed public tests, messages of failed hidden tests)."""
     from otter.test_files import ExceptionTestFile
 
     tests = ExceptionTestFile.from_string(_test_file(kit, name, question), path=f"{question}.py")
@@ -296,6 +330,28 @@ def test_wrong_answer_gets_a_helpful_message(kit, name, question, wrong, hint):
     exec(compile(wrong, f"<wrong {name}/{question}>", "exec"), env)
     tests.run(env)
     failed = [r for r in tests.test_case_results if not r.passed]
-    assert failed, f"{name}/{question}: the wrong answer passes every test"
-    messages = "\n".join((r.message or "") + (r.test_case.failure_message or "") for r in failed)
-    assert hint in messages, f"{name}/{question}: the message does not say {hint!r}:\n{messages}"
+    text = {True: "", False: ""}
+    for r in failed:
+        text[bool(r.test_case.hidden)] += (r.message or "") + (r.test_case.failure_message or "") + "\n"
+    return float(tests.score), float(tests.possible), text[False], text[True]
+
+
+@pytest.mark.parametrize(
+    "name, question, wrong, hint, score, public",
+    WRONG_ANSWERS,
+    ids=[f"{a}-{q}-{i}" for i, (a, q, *_) in enumerate(WRONG_ANSWERS)],
+)
+def test_wrong_answer_gets_a_helpful_message(kit, name, question, wrong, hint, score, public):
+    got, possible, public_text, hidden_text = grade_wrong_answer(kit, name, question, wrong)
+    assert public_text or hidden_text, f"{name}/{question}: the wrong answer passes every test"
+    assert got < possible, f"{name}/{question}: the wrong answer keeps all {possible} points"
+    if score is not None:
+        assert got == pytest.approx(score), f"{name}/{question}: the wrong answer scores {got}/{possible}, expected {score}"
+    where = public_text if public else public_text + hidden_text
+    assert hint in where, (
+        f"{name}/{question}: the {'public ' if public else ''}message does not say {hint!r}:\n"
+        f"public: {public_text}\nhidden: {hidden_text}"
+    )
+    assert "Traceback" not in public_text and "KeyError" not in public_text and "ufunc" not in public_text, (
+        f"{name}/{question}: a confusing error reaches the student:\n{public_text}"
+    )
