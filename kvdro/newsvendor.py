@@ -19,13 +19,15 @@ from __future__ import annotations
 import math
 import numbers
 from fractions import Fraction
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import cvxpy as cp
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvdro.errors import SolverError
+
+if TYPE_CHECKING:  # CVXPY is imported where a model is built: `import kvdro.sim` stays light
+    import cvxpy as cp
 
 __all__ = [
     "SAAProblem",
@@ -212,6 +214,8 @@ def saa_problem(samples: ArrayLike, c_p: float, c_w: float) -> SAAProblem:
     Equal samples share one ``theta`` with weight ``w_n`` = their frequency (an exact reduction:
     output lengths are integers with many repeats). Solve with :func:`solve_lp`.
     """
+    import cvxpy as cp
+
     x = as_samples(samples)
     c_p, c_w = check_costs(c_p, c_w)
     values, counts = np.unique(x, return_counts=True)
@@ -229,6 +233,8 @@ def solve_lp(problem: cp.Problem, what: str) -> float:
     Raises :class:`kvdro.errors.SolverError` carrying the solver status unless it is ``optimal``,
     and ``ValueError`` naming ``problem`` if it is not a ``cvxpy.Problem``.
     """
+    import cvxpy as cp
+
     if not isinstance(problem, cp.Problem):
         raise ValueError(f"problem must be a cvxpy.Problem, got {type(problem).__name__}")
     try:

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import cvxpy as cp
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -46,6 +45,9 @@ from kvdro.newsvendor import (
     solve_lp,
     support_bound,
 )
+
+if TYPE_CHECKING:  # CVXPY is imported where a model is built: `import kvdro.sim` stays light
+    import cvxpy as cp
 
 __all__ = [
     "DROProblem",
@@ -220,6 +222,8 @@ def dual_problem(
     ``w_n`` = frequency, an exact reduction. ``eta`` and ``eps`` are ``cp.Parameter`` s, so a sweep
     can set ``.value`` and re-solve without rebuilding.
     """
+    import cvxpy as cp
+
     values, weights, c_p, c_w, e, L = _inputs(samples, c_p, c_w, eps, L_max)
     eta_p = cp.Parameter(name="eta", value=_eta(eta))
     eps_p = cp.Parameter(name="eps", nonneg=True, value=e)
@@ -259,6 +263,8 @@ def primal_problem(
     the loss is linear between these atoms, moving mass to any other point cannot do better, so
     the LP is exact; it is an independent check of (8c)-(8g), not derived from it.
     """
+    import cvxpy as cp
+
     values, weights, c_p, c_w, e, L = _inputs(samples, c_p, c_w, eps, L_max)
     b = _eta(eta)
     if isinstance(grid_size, (bool, np.bool_)) or not isinstance(grid_size, (int, np.integer)) or grid_size < 2:
@@ -289,6 +295,8 @@ def dro_problem(samples: ArrayLike, c_p: float, c_w: float, eps: float, L_max: f
     Same constraints as :func:`dual_problem` with the buffer a variable; ``0 <= eta <= L_max``
     mirrors ``r in [L_in, L_in + L_max]``. Linear because ``gamma`` multiplies data only.
     """
+    import cvxpy as cp
+
     values, weights, c_p, c_w, e, L = _inputs(samples, c_p, c_w, eps, L_max)
     eps_p = cp.Parameter(name="eps", nonneg=True, value=e)
     eta = cp.Variable(name="eta")
@@ -560,6 +568,8 @@ def saddle_distribution(
     W_1 budget and ``P*(xi < eta*) <= q* <= P*(xi <= eta*)``. Its ``cost`` equals
     ``WC(eta*)`` when the saddle point exists (minimax theorem); the caller can check that.
     """
+    import cvxpy as cp
+
     values, weights, c_p, c_w, e, L = _inputs(samples, c_p, c_w, eps, L_max)
     robust = dro_solution(samples, c_p, c_w, e, L)
     b = robust.eta
