@@ -71,7 +71,7 @@ def _fresh_block_pass(inst, sol, rule):
 def test_a_converged_run_is_blockwise_optimal_against_fresh_block_models(instances, rule):
     """Where BCD says it converged, one more pass of every block -- each a model built afresh -- lowers
     the objective by no more than tol: no block can improve the returned point (chapter 6's definition
-    of blockwise optimal). The old stop rule (z and delta repeat) failed this when Block 3 moved pi."""
+    of blockwise optimal), whatever the stop rule claims."""
     checked = 0
     for inst in instances:
         run = run_bcd(inst, delta_rule=rule)

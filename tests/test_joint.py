@@ -257,20 +257,24 @@ def test_pruning_keeps_the_optimum(tiny):
 
 
 def test_relaxations_bound_the_optimum_and_tighten_up_the_ladder(tiny):
-    """Each rung adds constraints or only re-encodes (ordered), so its LP bound cannot fall."""
+    """Up to "disaggregated" each rung adds constraints or only re-encodes (ordered), so its LP bound
+    cannot fall; the counts rung trades relaxation strength for size (McCormick on delta z), so its
+    bound lies between McCormick's and the disaggregated one's."""
     opt = solve_exact(tiny).objective
-    bounds = [solve_relaxation(tiny, formulation=f, prune=False) for f in LADDER]
-    assert all(b <= opt * (1 + 1e-7) for b in bounds)
-    assert all(a <= b + 1e-7 * abs(opt) for a, b in zip(bounds, bounds[1:]))
-    assert bounds[0] < bounds[-1]  # McCormick is strictly weaker here
+    bounds = dict(zip(LADDER, (solve_relaxation(tiny, formulation=f, prune=False) for f in LADDER)))
+    assert all(b <= opt * (1 + 1e-7) for b in bounds.values())
+    strong = [bounds[f] for f in LADDER[: LADDER.index("disaggregated") + 1]]
+    assert all(a <= b + 1e-7 * abs(opt) for a, b in zip(strong, strong[1:]))
+    assert strong[0] < strong[-1]  # McCormick is strictly weaker here
     # the ordered encoding is a change of variables: the same relaxation as the rung before it
-    assert bounds[-1] == pytest.approx(bounds[-2], rel=1e-7)
+    assert bounds["disaggregated"] == pytest.approx(bounds["routing-hull"], rel=1e-7)
+    assert bounds["mccormick"] <= bounds["counts"] * (1 + 1e-7) and bounds["counts"] <= bounds["disaggregated"] * (1 + 1e-7)
 
 
 def test_build_milp_returns_an_inspectable_problem(tiny):
     model = build_milp(tiny)
     assert model.problem.is_mixed_integer()
-    assert model.formulation == "disaggregated"
+    assert model.formulation == "counts"  # the default
     with pytest.raises(ValueError, match="formulation"):
         build_milp(tiny, formulation="bigM")
 
@@ -343,7 +347,7 @@ def test_a_point_just_above_a_band_edge_stays_in_that_band(rng):
 def test_solver_points_on_band_edges_score_as_the_solver_scored_them(tiny):
     """Every optimum the MILP returns is scored by evaluate exactly as the MILP scored it, even when a
     group's utilisation sits on a band edge (it usually does: the binding edge)."""
-    for formulation in ("disaggregated", "band-cut", "mccormick"):
+    for formulation in ("counts", "disaggregated", "band-cut", "mccormick"):
         sol = solve_exact(tiny, formulation=formulation)
         assert evaluate(tiny, sol).total == pytest.approx(sol.objective, rel=1e-7)
 
@@ -351,7 +355,7 @@ def test_solver_points_on_band_edges_score_as_the_solver_scored_them(tiny):
 def test_ladder_specs_are_named_and_consistent():
     from kvdro.joint import SPECS, Spec
 
-    assert LADDER[0] == "mccormick" and LADDER[-1] == "disaggregated" and set(LADDER) == set(FORMULATIONS)
+    assert LADDER[0] == "mccormick" and LADDER[-1] == "counts" and set(LADDER) == set(FORMULATIONS)
     assert all(SPECS[f].label for f in LADDER)
     with pytest.raises(ValueError, match="formulation"):
         Spec("mccormick", "mccormick", band_cut=True)  # the band cut needs the state variables
@@ -359,3 +363,45 @@ def test_ladder_specs_are_named_and_consistent():
         Spec("mccormick", "disaggregated", route_hull=True)
     with pytest.raises(ValueError, match="formulation"):
         Spec("exact", "mccormick")
+
+
+# ------------------------------------------------------------------- the counts formulation (#17)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_counts_reaches_the_brute_force_optimum_on_random_tiny_instances(seed):
+    """The counts formulation (integer groups per band) against enumeration on random tiny instances
+    (rates, prefixes, GPU price and budget drawn), each with three waiting bands."""
+    rng = np.random.default_rng(1700 + seed)
+    classes = tiny_classes(rng, rates=tuple(rng.uniform(0.5, 6.0, 2)))
+    inst = tiny_instance(rng, classes=classes, total_gpus=int(rng.choice([4, 6])), waiting_bands=3,
+                         c_gpu=float(rng.uniform(10, 150)))
+    sol = solve_exact(inst, formulation="counts")
+    assert sol.status == "optimal" and sol.mip_gap <= 1e-7
+    assert sol.objective == pytest.approx(brute_force(inst), rel=1e-6)
+    assert evaluate(inst, sol).total == pytest.approx(sol.objective, rel=1e-7)
+
+
+def test_counts_and_disaggregated_reach_the_same_optimum_on_random_small_instances():
+    """Twelve random tight instances (chapter 6's family: memory binds, three bands, J in {4, 6, 8})."""
+    from kvdro.bcd.scaling import random_small_instance
+
+    rng = np.random.default_rng(17)
+    for _ in range(12):
+        inst = random_small_instance(rng, n_classes=int(rng.integers(2, 5)))
+        a = solve_exact(inst, formulation="counts")
+        b = solve_exact(inst, formulation="disaggregated")
+        assert a.objective == pytest.approx(b.objective, rel=1e-6), inst
+        assert evaluate(inst, a).feasible
+
+
+def test_counts_model_size_does_not_grow_with_J(rng):
+    """Same classes and configurations, J = 8 and J = 512: the counts model has the same number of
+    variables; the disaggregated one grows (one binary per (groups, band) state)."""
+    small, big = tiny_instance(rng, total_gpus=8), tiny_instance(rng, total_gpus=512)
+
+    def size(inst, f):
+        return solve_milp(inst, formulation=f, relax=True).n_variables
+
+    assert size(small, "counts") == size(big, "counts")
+    assert size(big, "disaggregated") > 10 * size(small, "disaggregated")

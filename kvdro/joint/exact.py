@@ -10,8 +10,9 @@ bounded integer, every product left in (6)/(8) has a binary factor and is linear
 we solve (and :func:`kvdro.joint.objective.evaluate` scores) uses Kingman's formula with the whole
 workload's service and arrival variability, evaluated at the upper edge of the utilisation band that
 contains u_k (:func:`kvdro.joint.serving.waiting_model`): W_k is then a step function of u_k that
-bounds the smooth formula from above, and the MILP represents it exactly with one binary per
-(z_k, band) pair. "Proven optimal" below means optimal for exactly that model.
+bounds the smooth formula from above, and the MILP represents it exactly (one binary per (z_k, band) state in
+the ``"disaggregated"`` formulation; a band binary and an integer group count per band in the default
+``"counts"``). "Proven optimal" below means optimal for exactly that model.
 
 An earlier design -- hold W fixed in the MILP, recompute it from the solution, repeat -- cycled on the
 small instance (seeds 0-4 at load 0.5): with W frozen, routing between two groups is a tie, the
@@ -29,11 +30,15 @@ import cvxpy as cp
 import numpy as np
 
 from kvdro.errors import SolverError
-from kvdro.joint.formulations import FORMULATIONS, SPECS, Formulation, Spec, build_milp
+from kvdro.joint.formulations import DEFAULT_FORMULATION, FORMULATIONS, SPECS, Formulation, Spec, build_milp
 from kvdro.joint.instance import Instance, Solution
 from kvdro.joint.serving import BAND_TOLERANCE, group_state
 
-__all__ = ["MilpResult", "solve_milp", "solve_relaxation", "solve_exact"]
+__all__ = ["DEFAULT_FORMULATION", "MilpResult", "solve_milp", "solve_relaxation", "solve_exact"]
+
+#: Largest (objective - dual bound) / |objective| at which :func:`solve_exact` accepts HiGHS's
+#: "optimal" (it stops at ``mip_rel_gap``; the slack covers its feasibility tolerances).
+PROOF_GAP = 1e-7
 
 #: HiGHS relative MIP gap at which a MILP counts as solved (its default, 1e-4, is too loose for
 #: "proven optimal" comparisons at 1e-6).
@@ -90,7 +95,7 @@ def _highs_info(problem: cp.Problem):
 def solve_milp(
     instance: Instance,
     *,
-    formulation: Formulation = "disaggregated",
+    formulation: Formulation = DEFAULT_FORMULATION,
     time_limit: float = 60.0,
     mip_rel_gap: float = MIP_REL_GAP,
     prune: bool = True,
@@ -147,12 +152,16 @@ def solve_milp(
     nodes = 0
     if info is not None and not relax:
         nodes = int(getattr(info, "mip_node_count", 0))
+        # HiGHS's objective and bound leave out CVXPY's constant offset; the gap is taken on HiGHS's own
+        # numbers and the bound reported with the offset put back
         incumbent = float(getattr(info, "objective_function_value", np.nan))
         bound = float(getattr(info, "mip_dual_bound", np.nan))
+        offset = objective - incumbent if np.isfinite(objective) and np.isfinite(incumbent) else 0.0
         if not np.isfinite(objective) and np.isfinite(incumbent) and abs(incumbent) < 1e300:
             objective = incumbent
-        if np.isfinite(objective) and np.isfinite(bound) and abs(bound) < 1e300:
-            gap = max(0.0, (objective - bound) / max(abs(objective), 1e-12))
+        if np.isfinite(incumbent) and abs(incumbent) < 1e300 and np.isfinite(bound) and abs(bound) < 1e300:
+            gap = max(0.0, (incumbent - bound) / max(abs(incumbent + offset), 1e-12))
+            bound = bound + offset
         else:
             bound = float("nan")
     run_time = model.problem.solver_stats.solve_time if model.problem.solver_stats is not None else None
@@ -172,7 +181,7 @@ def solve_milp(
     )
 
 
-def solve_relaxation(instance: Instance, *, formulation: Formulation = "disaggregated", prune: bool = True) -> float:
+def solve_relaxation(instance: Instance, *, formulation: Formulation = DEFAULT_FORMULATION, prune: bool = True) -> float:
     """Optimum of the LP relaxation of a formulation [cost / s] (raises SolverError if not optimal)."""
     res = solve_milp(instance, formulation=formulation, relax=True, prune=prune)
     if res.status != cp.OPTIMAL:
@@ -183,7 +192,7 @@ def solve_relaxation(instance: Instance, *, formulation: Formulation = "disaggre
 def solve_exact(
     instance: Instance,
     *,
-    formulation: Formulation = "disaggregated",
+    formulation: Formulation = DEFAULT_FORMULATION,
     time_limit: float = 60.0,
     mip_rel_gap: float = MIP_REL_GAP,
     prune: bool = True,
@@ -193,9 +202,10 @@ def solve_exact(
     Args:
         instance: the problem.
         formulation: a name of :data:`kvdro.joint.FORMULATIONS` (same optimum, different relaxations
-            and trees): ``"disaggregated"`` (default, the strongest and fastest) down the ladder of
-            chapter 5 to ``"mccormick"`` (the textbook one, weak); or a
-            :class:`kvdro.joint.formulations.Spec`.
+            and trees): :data:`DEFAULT_FORMULATION` (``"counts"``: integer group counts per band, a
+            model whose size does not grow with J), ``"disaggregated"`` (one binary per (groups, band)
+            state: a model that grows with J), down the ladder of chapter 5 to ``"mccormick"`` (the
+            textbook one, weak); or a :class:`kvdro.joint.formulations.Spec`.
         time_limit: HiGHS time limit [s]; hitting it raises SolverError.
         mip_rel_gap: relative gap at which HiGHS declares optimality.
         prune: drop dominated candidate buffers (exact).
@@ -212,6 +222,9 @@ def solve_exact(
     res = solve_milp(instance, formulation=formulation, time_limit=time_limit, mip_rel_gap=mip_rel_gap, prune=prune)
     if res.status != cp.OPTIMAL or res.decision is None:
         raise SolverError(f"exact {formulation} MILP (gap {res.mip_gap:.3g} after {res.time_s:.1f} s)", res.status)
+    if not res.mip_gap <= max(PROOF_GAP, mip_rel_gap):  # "optimal" is trusted only with its bound
+        raise SolverError(f"exact {formulation} MILP (bound {res.bound:.10g}, objective {res.objective:.10g})",
+                          f"optimal without proof (gap {res.mip_gap:.3g})")
     z, r, pi, delta = res.decision
     return Solution(
         z=z,

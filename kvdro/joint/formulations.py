@@ -50,6 +50,17 @@ The products to linearise come in two families, and each family has a weak and a
   ``q_ikn <= [z_k = n]``; ``p_ikj = pi_ik [band_k = j]`` with ``sum_j p_ikj = pi_ik``,
   ``p_ikj <= [band_k = j]`` (RLT again: ``sum_j [band_k = j] = 1`` times pi_ik and delta_ik).
 
+* ``state="counts"`` -- per configuration k and band j a binary ``b_kj`` (k runs in band j;
+  ``sum_j b_kj <= 1``, none: z_k = 0) and an *integer* group count ``h_kj`` with
+  ``b_kj <= h_kj <= Z_k b_kj``, ``z_k = sum_j h_kj``, utilisation capacity ``sum_j u_j h_kj``;
+  ``p_ikj = pi_ik [band_k = j]`` as in the disaggregated state; ``q_ik = delta_ik z_k`` by McCormick
+  (``q >= z_k - Z_k (1 - delta_ik)``, ``q <= Z_k delta_ik``, ``q <= z_k``) and ``delta_ik <= sum_j b_kj``.
+  The same integer points as the disaggregated state (one band, z_k groups), but 2 K |B| integer
+  variables and O(I K |B|) continuous ones whatever J: the disaggregated state has Z_k |B| binaries
+  and I Z_k products per configuration, which at J = 1,024 is most of a 150,000-variable model.
+  Its relaxation of ``delta z`` is weaker (McCormick instead of one q per group count); HiGHS makes
+  up for it with integer branching on h (chapter 5 measures both).
+
 **Valid inequalities** (redundant at integer points, cut off fractional ones).
 
 * ``band_cut`` -- per band: ``sum_i lambda_i T_ik(cached) p_ikj <= sum_{s in band j} n_s u_j e_ks``,
@@ -88,29 +99,35 @@ import scipy.sparse as sp
 
 from kvdro.joint.instance import Instance
 
-__all__ = ["FORMULATIONS", "LADDER", "Spec", "SPECS", "MilpModel", "build_milp", "kept_candidates"]
+__all__ = [
+    "DEFAULT_FORMULATION", "FORMULATIONS", "LADDER", "Spec", "SPECS", "MilpModel", "build_milp", "kept_candidates",
+]
 
 
 @dataclass(frozen=True)
 class Spec:
     """Which linearisation of each product family, which valid inequalities, which branching variables.
 
-    routing, state: ``"mccormick"`` or ``"disaggregated"`` (module docstring); band_cut, route_hull:
-    the valid inequalities; ordered: branch on "at least" variables (module docstring).
+    routing: ``"mccormick"`` or ``"disaggregated"``; state: ``"mccormick"``, ``"disaggregated"`` or
+    ``"counts"`` (module docstring); band_cut, route_hull: the valid inequalities; ordered: branch on
+    "at least" variables (module docstring; with the counts state only the buffers x are ordered).
     """
 
     routing: Literal["mccormick", "disaggregated"]
-    state: Literal["mccormick", "disaggregated"]
+    state: Literal["mccormick", "disaggregated", "counts"]
     band_cut: bool = False
     route_hull: bool = False
     ordered: bool = False
     label: str = ""
 
     def __post_init__(self) -> None:
-        if self.routing not in ("mccormick", "disaggregated") or self.state not in ("mccormick", "disaggregated"):
-            raise ValueError(f"formulation: routing and state must be 'mccormick' or 'disaggregated', got {self}")
-        if (self.band_cut or self.ordered) and self.state != "disaggregated":
-            raise ValueError("formulation: band_cut and ordered need the disaggregated state")
+        if self.routing not in ("mccormick", "disaggregated") or self.state not in ("mccormick", "disaggregated", "counts"):
+            raise ValueError(
+                f"formulation: routing must be 'mccormick' or 'disaggregated' and state one of 'mccormick', "
+                f"'disaggregated', 'counts', got {self}"
+            )
+        if (self.band_cut or self.ordered) and self.state == "mccormick":
+            raise ValueError("formulation: band_cut and ordered need the disaggregated or counts state")
         if self.route_hull and self.routing != "disaggregated":
             raise ValueError("formulation: route_hull needs the disaggregated routing")
 
@@ -128,12 +145,22 @@ SPECS: dict[str, Spec] = {
         "disaggregated", "disaggregated", band_cut=True, route_hull=True, ordered=True,
         label="+ ordered branching variables",
     ),
+    "counts": Spec(
+        "disaggregated", "counts", band_cut=True, route_hull=True, ordered=True,
+        label="+ integer group counts per band (size independent of J)",
+    ),
 }
-#: The ladder of chapter 5, weakest first; the last rung is the default of :func:`kvdro.joint.solve_exact`.
-#: (``"band-cut"`` was the default before the last two rungs were added.)
-LADDER: tuple[str, ...] = ("mccormick", "routing", "state", "band-cut", "routing-hull", "disaggregated")
+#: The ladder of chapter 5, weakest relaxation first up to ``"disaggregated"``; the last rung,
+#: ``"counts"``, trades some relaxation strength for a model whose size does not grow with J, and is
+#: the default of :func:`kvdro.joint.solve_exact`. (``"band-cut"``, then ``"disaggregated"``, were
+#: the defaults before.)
+LADDER: tuple[str, ...] = ("mccormick", "routing", "state", "band-cut", "routing-hull", "disaggregated", "counts")
 FORMULATIONS: tuple[str, ...] = tuple(SPECS)
-Formulation = Literal["mccormick", "routing", "state", "band-cut", "routing-hull", "disaggregated"]
+#: The default of :func:`build_milp` and :func:`kvdro.joint.solve_exact`: the fastest formulation that
+#: proves optimality on chapter 5's ladder and chapter 6's crossover (measured by ``python -m
+#: kvdro.bench exact --parts ladder`` and ``python -m kvdro.bench bcd scaling``).
+DEFAULT_FORMULATION = "counts"
+Formulation = Literal["mccormick", "routing", "state", "band-cut", "routing-hull", "disaggregated", "counts"]
 
 
 def kept_candidates(instance: Instance, prune: bool = True) -> tuple[np.ndarray, ...]:
@@ -208,7 +235,7 @@ def _col(vec, cols: int):
 def build_milp(
     instance: Instance,
     *,
-    formulation: Formulation | Spec = "disaggregated",
+    formulation: Formulation | Spec = DEFAULT_FORMULATION,
     relax: bool = False,
     prune: bool = True,
 ) -> MilpModel:
@@ -216,8 +243,8 @@ def build_milp(
 
     Args:
         instance: the problem data.
-        formulation: a name of :data:`FORMULATIONS` (weakest ``"mccormick"``, strongest and default
-            ``"disaggregated"``) or a :class:`Spec`.
+        formulation: a name of :data:`FORMULATIONS` (weakest ``"mccormick"``, strongest relaxation
+            ``"disaggregated"``, default :data:`DEFAULT_FORMULATION`) or a :class:`Spec`.
         relax: the LP relaxation instead (binaries in [0, 1], z_k in [0, Z_k]).
         prune: drop dominated candidate buffers (exact; see :func:`kept_candidates`).
     """
@@ -359,6 +386,24 @@ def build_milp(
             cons += [memory[k] + L_pre @ (Q[k] @ nvec) / M[k] <= zk[k], work[k] <= cap_s @ E[k]]
             w_slo = w_slo + P[k] @ Wb[k]
         variables.update({"e0": e0, "e": E, "q": Q, "p": P})
+    elif spec.state == "counts":
+        Zf = Z.astype(float)
+        bnd = cp.Variable((K, B), boolean=integer, name="band")  # [band_k = j]
+        hc = cp.Variable((K, B), integer=integer, name="groups")  # z_k [band_k = j]
+        q = cp.Variable((I, K), nonneg=True, name="q")  # delta_ik z_k
+        P = [cp.Variable((I, B), nonneg=True, name=f"p{k}") for k in range(K)]
+        cons += [bnd >= 0, bnd <= 1, hc >= bnd, hc <= np.diag(Zf) @ bnd, cp.sum(bnd, axis=1) <= 1]
+        for k in range(K):
+            on = cp.sum(bnd[k])  # [z_k >= 1]
+            z_k = cp.sum(hc[k])
+            zk.append(z_k)
+            cons += [cp.sum(P[k], axis=1) == pi[:, k], P[k] <= _row(bnd[k], I), delta[:, k] <= on]
+            cons += [q[:, k] >= z_k - Zf[k] * (1 - delta[:, k]), q[:, k] <= Zf[k] * delta[:, k], q[:, k] <= z_k]
+            if spec.band_cut:
+                cons += [(lam * T[:, k, 1]) @ P[k] <= cp.multiply(edges, hc[k])]
+            cons += [memory[k] + (L_pre / M[k]) @ q[:, k] <= z_k, work[k] <= edges @ hc[k]]
+            w_slo = w_slo + P[k] @ Wb[k]
+        variables.update({"band": bnd, "groups": hc, "q": q, "p": P})
     else:
         z = cp.Variable(K, integer=integer, name="z")
         b = cp.Variable((K, B), boolean=integer, name="b")  # band of configuration k
