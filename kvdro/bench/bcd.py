@@ -9,14 +9,21 @@ chapter 6 reads:
   instance (15 classes, J = 48, 1,000 samples, seed 0) solved by BCD and by the exact MILP in the
   same run (quality bar: BCD <= 10 s).
 * ``table3`` -> ``data/bcd_table3.csv``: the paper's Table III redone, classes {3, 6, 10, 15} x
-  J {8, 16, 48}: exact (proven optimal, or its gap at the time limit) and BCD.
-* ``scaling`` -> ``data/bcd_scaling.csv``: past the paper, classes {15, 50, 100} x J {48, 256, 1024}:
-  BCD on every cell, the exact MILP on the cells listed in ``EXACT_SCALING`` with a 5-minute limit.
+  J {8, 16, 48}: exact (the default formulation, proven optimal or its gap at the limit) and BCD.
+* ``scaling`` -> ``data/bcd_scaling.csv``: the crossover, classes {15, 50, 100} x J {48, 256, 1024},
+  every cell: BCD (time, objective, peak RSS), a second BCD start (multi-start), the LP relaxation of
+  the default formulation (a certificate for BCD's answer), the MILP stopped at BCD's time (incumbent,
+  gap) and the exact MILP to proven optimality (time, variables, peak RSS, gap) -- in one run.
 * ``rolling`` -> ``data/bcd_rolling.csv``: rolling-horizon re-optimisation of the large instance on
   windows whose output lengths drift; BCD warm- and cold-started, exact, and the static decision.
+* ``stale`` -> ``data/bcd_stale.csv``: the stale-warm-start bug (issue 17) before and after, on 64
+  random tight instances x 2 starts: BCD with the old re-solve (CVXPY's warm start, status checked
+  only) and with the fixed one, each re-solve of the old path checked against a fresh model, and
+  the gaps to the proven optimum.
 
 Every exact solve runs in a child process with a wall-clock limit (HiGHS's own limit does not cover
-building a very large CVXPY model). Times are wall clock on a shared machine: compare them only
+building a very large CVXPY model); the peak resident memory (RSS) of a child is the memory of its
+solver. Run under ``nice -n 10``; the machine is shared. Times are wall clock on a shared machine: compare them only
 within one run, as ratios. Needs the Azure 2023 traces (``KVDRO_DATA_DIR``).
 """
 
@@ -29,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvdro.bench._common import quiet_fd1
@@ -41,7 +49,9 @@ STRESS_SEEDS = 10  # small seeds at load 1.0
 TABLE3 = [(n, j) for n in (3, 6, 10, 15) for j in (8, 16, 48)]
 TABLE3_LIMIT = 120.0
 SCALING = [(n, j) for n in (15, 50, 100) for j in (48, 256, 1024)]
-EXACT_SCALING = [(15, 48), (15, 256), (50, 256), (100, 1024)]
+SCALING_GOAL_S, SCALING_GOAL_GB = 60.0, 4.0  # every cell proven optimal within these, here
+SCALING_LIMIT = 600.0  # HiGHS limit of the full exact solve: past the goal, to see where it lands
+STALE_INSTANCES = 64
 WINDOW_S = 300.0  # the paper's 5-10 minute re-optimisation window, lower end
 ROLLING_SHIFTS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
 COMMAND = "KVDRO_DATA_DIR=../shared/data .venv/bin/python -m kvdro.bench bcd"
@@ -61,19 +71,33 @@ def _instance(spec: tuple):
     return scaled_instance(n, j, seed)
 
 
-def _exact_child(spec: tuple, time_limit: float, queue) -> None:
+def _peak_rss_gb() -> float:
+    """Peak resident memory of this process so far [GB] (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _exact_child(spec: tuple, time_limit: float, queue, stop_at: float | None = None) -> None:
     from kvdro.joint import Solution, evaluate, solve_milp
 
+    out: dict = {}
     try:
         with quiet_fd1():
             inst = _instance(spec)
+            _warm(inst)
+            if stop_at is not None:  # the MILP stopped at BCD's time: its incumbent and gap then
+                early = solve_milp(inst, time_limit=max(float(stop_at), 0.05))
+                out |= {"stopped_status": early.status, "stopped_incumbent": early.objective,
+                        "stopped_bound": early.bound, "stopped_mip_gap": early.mip_gap}
             t0 = time.perf_counter()
             res = solve_milp(inst, time_limit=time_limit)
             wall = time.perf_counter() - t0
     except Exception as exc:  # reported, not hidden: the row says what went wrong
-        queue.put({"exact_status": f"error: {type(exc).__name__}: {exc}"[:200]})
+        queue.put(out | {"exact_status": f"error: {type(exc).__name__}: {exc}"[:200]})
         return
-    out = {
+    out |= {
+        "exact_formulation": res.formulation,
         "exact_status": res.status,
         "exact_time_s": wall,
         "exact_highs_s": res.time_s,
@@ -82,7 +106,9 @@ def _exact_child(spec: tuple, time_limit: float, queue) -> None:
         "exact_bound": res.bound,
         "exact_mip_gap": res.mip_gap,
         "exact_variables": res.n_variables,
+        "exact_constraints": res.n_constraints,
         "exact_objective": math.nan,
+        "exact_peak_rss_gb": _peak_rss_gb(),
     }
     if res.decision is not None:
         z, r, pi, d = res.decision
@@ -91,22 +117,51 @@ def _exact_child(spec: tuple, time_limit: float, queue) -> None:
     queue.put(out)
 
 
-def run_exact(spec: tuple, time_limit: float, wall_limit: float) -> dict:
+def run_exact(spec: tuple, time_limit: float, wall_limit: float, stop_at: float | None = None) -> dict:
     """The exact MILP on ``spec`` in a child process; killed after ``wall_limit`` seconds."""
+    return _in_child(_exact_child, (spec, time_limit), wall_limit, "exact_status", stop_at=stop_at)
+
+
+def _in_child(target, args: tuple, wall_limit: float, status_key: str, **kwargs) -> dict:
     ctx = mp.get_context("spawn")  # not fork: a forked HiGHS would inherit a dead thread pool
     queue = ctx.Queue()
-    proc = ctx.Process(target=_exact_child, args=(spec, time_limit, queue))
+    proc = ctx.Process(target=target, args=(*args, queue), kwargs=kwargs)
     t0 = time.perf_counter()
     proc.start()
     try:
         out = queue.get(timeout=wall_limit)
     except Exception:  # queue.Empty: the wall limit passed
-        out = {"exact_status": "wall_limit", "exact_time_s": time.perf_counter() - t0}
+        out = {status_key: "wall_limit", "exact_time_s": time.perf_counter() - t0}
     proc.join(timeout=5)
     if proc.is_alive():
         proc.terminate()  # our own child, by its handle
         proc.join()
     return out
+
+
+def _bcd_child(spec: tuple, queue) -> None:
+    """BCD (descent, one start) with its peak RSS; then a second start and the LP relaxation of the
+    default formulation (a lower bound on the optimum, so a certificate for BCD's answer)."""
+    from kvdro.joint import solve_milp
+
+    try:
+        inst = _instance(spec)
+        _warm(inst)
+        row = run_bcd_spec(inst)
+        row.pop("_run")
+        row["bcd_peak_rss_gb"] = _peak_rss_gb()
+        second = run_bcd_spec(inst, init="cached")
+        second.pop("_run")
+        row |= {"bcd2_objective": second["bcd_objective"], "bcd2_time_s": second["bcd_time_s"]}
+        with quiet_fd1():
+            t0 = time.perf_counter()
+            lp = solve_milp(inst, relax=True)
+            row |= {"lp_status": lp.status, "lp_bound": lp.objective, "lp_time_s": time.perf_counter() - t0}
+        row["samples"] = inst.classes[0].n_samples
+    except Exception as exc:
+        queue.put({"bcd_status": f"error: {type(exc).__name__}: {exc}"[:200]})
+        return
+    queue.put(row)
 
 
 def run_bcd_spec(inst, **kw) -> dict:
@@ -194,39 +249,44 @@ def part_core(args) -> bool:
     return ok
 
 
-def _grid(cells, exact_cells, limit, wall, out_name, desc) -> None:
+def _grid(cells, limit: float, out_name: str, desc: str, baselines: bool) -> pd.DataFrame:
     rows = []
     with _progress(len(cells), desc) as bar:
         for n, j in cells:
             spec = ("scaled", n, j, 0)
-            inst = _instance(spec)
-            _warm(inst)
-            row = {"classes": n, "J": j, "samples": inst.classes[0].n_samples}
-            res = run_bcd_spec(inst)
-            res.pop("_run")
-            row |= res
-            if (n, j) in exact_cells:
-                row |= run_exact(spec, limit, wall)
-                row["exact_limit_s"] = limit
+            row = {"classes": n, "J": j} | _in_child(_bcd_child, (spec,), 1800.0, "bcd_status")
+            stop_at = row.get("bcd_time_s") if baselines else None
+            row |= run_exact(spec, limit, limit + 900.0, stop_at=stop_at)
+            row["exact_limit_s"] = limit
             rows.append(row)
             pd.DataFrame(rows).to_csv(DATA / out_name, index=False, float_format="%.10g")  # partial results survive
             bar.update(1)
-            e = row.get("exact_status", "-")
-            print(f"  classes {n:>3} J {j:>5}: BCD {row['bcd_time_s']:7.2f} s obj {row['bcd_objective']:.6g} | exact {e} "
-                  f"{row.get('exact_time_s', math.nan):7.1f} s obj {row.get('exact_objective', math.nan):.6g} "
-                  f"bound {row.get('exact_bound', math.nan):.6g}", flush=True)
+            print(f"  classes {n:>3} J {j:>5}: BCD {row.get('bcd_time_s', math.nan):6.2f} s obj {row.get('bcd_objective', math.nan):.8g}"
+                  f" | exact {row.get('exact_status')} {row.get('exact_time_s', math.nan):6.1f} s "
+                  f"obj {row.get('exact_objective', math.nan):.8g} gap {row.get('exact_mip_gap', math.nan):.1e} "
+                  f"{row.get('exact_variables', 0):,} vars {row.get('exact_peak_rss_gb', math.nan):.2f} GB", flush=True)
+    return pd.DataFrame(rows)
 
 
 def part_table3(args) -> bool:
     print(f"Table III redone (exact limit {args.table3_limit:.0f} s)")
-    _grid(TABLE3, set(TABLE3), args.table3_limit, args.table3_limit + 300.0, "bcd_table3.csv", "table III")
-    return True
+    df = _grid(TABLE3, args.table3_limit, "bcd_table3.csv", "table III", baselines=False)
+    return bool((df["exact_status"] == "optimal").all())
 
 
 def part_scaling(args) -> bool:
-    print(f"scaling past the paper (exact limit {args.window:.0f} s on {EXACT_SCALING})")
-    _grid(SCALING, set(EXACT_SCALING), args.window, args.window + 600.0, "bcd_scaling.csv", "scaling")
-    return True
+    print(f"the crossover: every cell, exact to proven optimality (limit {args.window:.0f} s), BCD and baselines")
+    df = _grid(SCALING, args.window, "bcd_scaling.csv", "scaling", baselines=True)
+    proven = df["exact_status"] == "optimal"
+    within = proven & (df["exact_time_s"] <= SCALING_GOAL_S) & (df["exact_peak_rss_gb"] <= SCALING_GOAL_GB)
+    gap = (df["bcd_objective"] - df["exact_objective"]) / df["exact_objective"]
+    print(f"  proven optimal {int(proven.sum())}/{len(df)}; within {SCALING_GOAL_S:.0f} s and {SCALING_GOAL_GB:.0f} GB: "
+          f"{int(within.sum())}/{len(df)}; exact / BCD time {', '.join(f'{v:.1f}x' for v in df['exact_time_s'] / df['bcd_time_s'])}")
+    print(f"  BCD gap to the optimum: max {gap.max():.4%}; peak RSS exact max {df['exact_peak_rss_gb'].max():.2f} GB, "
+          f"BCD max {df['bcd_peak_rss_gb'].max():.2f} GB")
+    ok = bool(within.all() and (gap >= -1e-7).all())
+    print(f"VERDICT every cell proven optimal in <= {SCALING_GOAL_S:.0f} s and <= {SCALING_GOAL_GB:.0f} GB: {'PASS' if ok else 'FAIL'}")
+    return ok
 
 
 def part_rolling(args) -> bool:
@@ -248,7 +308,101 @@ def part_rolling(args) -> bool:
     return True
 
 
-PARTS = {"core": part_core, "table3": part_table3, "scaling": part_scaling, "rolling": part_rolling}
+class _OldResolve:
+    """The re-solve before issue 17's fix: CVXPY's default warm start and only the status checked.
+    While active, every Block 3 and LP2-knapsack re-solve is also checked against a model built
+    afresh (with the fixed re-solve); ``stale`` counts the answers that differ."""
+
+    def __init__(self) -> None:
+        self.calls = {"Block 3": 0, "LP2 knapsack": 0}
+        self.stale = {"Block 3": 0, "LP2 knapsack": 0}
+
+    def __enter__(self):
+        import cvxpy as cp
+
+        from kvdro.bcd import blocks
+        from kvdro.errors import SolverError
+
+        self._saved = (blocks._solve, blocks.ConfigIP.solve, blocks.ReservationStep.solve)
+        fixed_solve, ip_solve, lp2_solve = self._saved
+
+        def old_solve(problem, what, *, mip=False, **opts):
+            problem.solve(solver=cp.HIGHS, **opts)
+            if problem.status != cp.OPTIMAL:
+                raise SolverError(what, str(problem.status))
+
+        def ip_checked(ip, r, delta, time_limit=60.0):
+            out = ip_solve(ip, r, delta, time_limit)
+            blocks._solve = fixed_solve
+            try:
+                fresh = ip_solve(blocks.ConfigIP(ip.instance), r, delta, time_limit)
+            finally:
+                blocks._solve = old_solve
+            self.calls["Block 3"] += 1
+            self.stale["Block 3"] += abs(out[2] - fresh[2]) > 1e-6 * max(1.0, abs(fresh[2]))
+            return out
+
+        def lp2_checked(step, z, r, pi, delta):
+            before = step.knapsacks
+            out = lp2_solve(step, z, r, pi, delta)
+            if step.knapsacks > before:
+                blocks._solve = fixed_solve
+                try:
+                    fresh = lp2_solve(blocks.ReservationStep(step.instance), z, r, pi, delta)
+                finally:
+                    blocks._solve = old_solve
+                inst, w = step.instance, step.instance.rates * pi.sum(axis=1)
+                cost = [sum(w[i] * inst.worst_case_cost(i, x[i] - inst.input_tokens[i]) for i in range(inst.n_classes))
+                        for x in (out, fresh)]
+                self.calls["LP2 knapsack"] += 1
+                self.stale["LP2 knapsack"] += abs(cost[0] - cost[1]) > 1e-6 * max(1.0, abs(cost[1]))
+            return out
+
+        blocks._solve, blocks.ConfigIP.solve, blocks.ReservationStep.solve = old_solve, ip_checked, lp2_checked
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from kvdro.bcd import blocks
+
+        blocks._solve, blocks.ConfigIP.solve, blocks.ReservationStep.solve = self._saved
+
+
+def part_stale(args) -> bool:
+    """Issue 17's bug before and after: BCD on random tight instances (two classes, the family of
+    chapter 6's trap, ``random_small_instance(default_rng(2026), n_classes=2)``), two starts each."""
+    from kvdro.bcd import run_bcd
+    from kvdro.bcd.scaling import random_small_instance
+    from kvdro.joint import evaluate, solve_exact
+
+    rng = np.random.default_rng(2026)
+    rows, old = [], _OldResolve()
+    with _progress(args.stale_instances, "stale") as bar, quiet_fd1():
+        for n in range(args.stale_instances):
+            inst = random_small_instance(rng, n_classes=2)
+            row = {"instance": n, "exact_objective": evaluate(inst, solve_exact(inst)).total}
+            for init in ("paper", "cached"):
+                row[f"after_{init}"] = evaluate(inst, run_bcd(inst, init=init).solution).total
+                with old:
+                    row[f"before_{init}"] = evaluate(inst, run_bcd(inst, init=init).solution).total
+            rows.append(row)
+            bar.update(1)
+    df = pd.DataFrame(rows)
+    for when in ("before", "after"):
+        df[f"gap_{when}_one"] = df[f"{when}_paper"] / df["exact_objective"] - 1
+        df[f"gap_{when}_best2"] = df[[f"{when}_paper", f"{when}_cached"]].min(axis=1) / df["exact_objective"] - 1
+    df.attrs = {}
+    df.to_csv(DATA / "bcd_stale.csv", index=False, float_format="%.10g")
+    counts = pd.DataFrame([{"block": b, "re_solves": old.calls[b], "stale": old.stale[b]} for b in old.calls])
+    counts.to_csv(DATA / "bcd_stale_counts.csv", index=False)
+    print(f"stale re-solves on the old path: " + ", ".join(f"{r.block} {r.stale} of {r.re_solves}" for r in counts.itertuples()))
+    for when in ("before", "after"):
+        print(f"  {when:>6} the fix: one start median {df[f'gap_{when}_one'].median():.3%} max {df[f'gap_{when}_one'].max():.2%}; "
+              f"best of two max {df[f'gap_{when}_best2'].max():.2%}")
+    ok = bool((df[["gap_after_one", "gap_before_one"]] >= -1e-7).all().all())
+    return ok
+
+
+PARTS = {"core": part_core, "table3": part_table3, "scaling": part_scaling, "rolling": part_rolling, "stale": part_stale}
 
 
 def main(argv: list[str]) -> int:
@@ -258,7 +412,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=SMALL_SEEDS, help="small seeds at load 0.5 (default 20)")
     parser.add_argument("--stress", type=int, default=STRESS_SEEDS, help="small seeds at load 1.0 (default 10)")
     parser.add_argument("--table3-limit", type=float, default=TABLE3_LIMIT, help="exact time limit in Table III [s]")
-    parser.add_argument("--window", type=float, default=WINDOW_S, help="exact time limit in the scaling study [s]")
+    parser.add_argument("--window", type=float, default=SCALING_LIMIT, help="exact time limit in the scaling study [s]")
+    parser.add_argument("--stale-instances", type=int, default=STALE_INSTANCES, help="random instances of the stale part")
     args = parser.parse_args(argv)
     parts = list(PARTS) if "all" in args.parts else args.parts
     for p in parts:
