@@ -3,6 +3,8 @@
 #   make test   -- same set-up, build the book, then unit/property/browser tests and every chapter under nbval
 #   make lab    -- JupyterLab in which the book/*.md chapters open as notebooks (jupytext)
 #   make assignments -- the course kit: student notebooks + otter autograders in _build/assignments
+#   make book-student -- the book without exercise solutions (sphinx-exercise hide_solutions), in _build/student/html
+#   make pdf    -- the whole book as one PDF (_build/pdf/kvdro.pdf): singlehtml build printed by headless Chromium
 
 PYTHON ?= python3
 VENV   := .venv
@@ -17,7 +19,7 @@ export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
 
-.PHONY: book test lab bench clean install notebooks assignments
+.PHONY: book book-student pdf test lab bench clean install notebooks assignments
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The course kit (chapter 9): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
+# The course kit (chapter 10): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
 # autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
 ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py $(shell find kvdro -name '*.py')
 _build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
@@ -35,9 +37,33 @@ _build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
 
 assignments: _build/assignments/index.json
 
+# After the build: .ipynb copies of the chapters and student notebooks in _build/html/notebooks, and
+# the Colab launch links pointed at them (book/assignments/publish.py).
 book: $(STAMP) _build/assignments/index.json
 	$(BIN)/jupyter-book build -n -W --keep-going .
+	$(BIN)/python book/assignments/publish.py --html _build/html --kit _build/assignments
 	@du -sh _build/html
+
+# For students: the same book with every exercise solution removed (sphinx-exercise's hide_solutions),
+# sharing the execution cache of `make book`. `make book` keeps the solutions.
+STUDENT_CONFIG := _build/student/_config.yml
+book-student: $(STAMP) _build/assignments/index.json
+	mkdir -p _build/student
+	$(BIN)/python -c "import os, yaml; c = yaml.safe_load(open('_config.yml')); sx = c.setdefault('sphinx', {}); \
+	  sx.setdefault('config', {})['hide_solutions'] = True; \
+	  sx['local_extensions'] = {k: os.path.abspath(v) for k, v in sx.get('local_extensions', {}).items()}; \
+	  c['execute']['cache'] = os.path.abspath('_build/.jupyter_cache'); \
+	  yaml.safe_dump(c, open('$(STUDENT_CONFIG)', 'w'), sort_keys=False)"
+	$(BIN)/jupyter-book build -n -W --keep-going --config $(STUDENT_CONFIG) --path-output _build/student .
+	mv _build/student/_build/html _build/student/html.new && rm -rf _build/student/html _build/student/_build && mv _build/student/html.new _build/student/html
+	$(BIN)/python book/assignments/publish.py --html _build/student/html --kit _build/assignments
+	@du -sh _build/student/html
+
+# The whole book as one PDF: one-page HTML (singlehtml builder, execution cached by `make book`)
+# printed by headless Chromium with the local MathJax and Vega. Needs Chromium (apt-get install chromium).
+pdf: $(STAMP) _build/assignments/index.json
+	$(BIN)/jupyter-book build --builder singlehtml .
+	$(BIN)/python book/assignments/print_pdf.py _build/singlehtml/index.html --out _build/pdf/kvdro.pdf
 
 notebooks: $(STAMP)
 	rm -rf _build/nbval && mkdir -p _build/nbval

@@ -106,6 +106,48 @@ def test_every_question_has_public_and_hidden_tests(kit, name):
     assert "python=3.11" in env_yml and "cvxpy==" in env_yml, env_yml
 
 
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_written_questions_have_a_rubric_and_pdfs(kit, name):
+    """Each written question states its split per part and has a rubric whose points add up; the kit has the
+    Gradescope template (blank written questions, one per page) and the graders' PDF with model answers."""
+    text = build.masters()[name].read_text()
+    for q in (q for q in build.questions(build.masters()[name]) if q["manual"]):
+        block = text[text.index(f"name: {q['name']}"):]
+        block = block[: block.index("# END QUESTION")]
+        split = re.search(r"\(written, ([\d.]+) points: ((?:\([a-z]\) [\d.]+(?:, )?)+)\)", block)
+        assert split, f"{name}/{q['name']}: the question does not state its point split per part"
+        parts = [float(x) for x in re.findall(r"\([a-z]\) ([\d.]+)", split.group(2))]
+        assert float(split.group(1)) == q["points"] == pytest.approx(sum(parts)), (name, q, parts)
+        assert re.search(rf"\*\*Rubric \({q['points']:g} points?\)\.\*\*", block), f"{name}/{q['name']}: no rubric"
+    if build.chromium() is None:
+        pytest.skip("no Chromium: the kit was built without the PDFs of the written questions")
+    entry = next(a for a in json.loads((kit / "index.json").read_text()) if a["name"] == name)
+    pdfs = {Path(p).name: kit / p for p in entry["pdfs"]}
+    assert sorted(pdfs) == sorted([f"{name}-written.pdf", f"{name}-written-solutions.pdf"]), pdfs
+    n_written = sum(q["manual"] for q in build.questions(build.masters()[name]))
+    for pdf in pdfs.values():
+        data = pdf.read_bytes()
+        assert data.startswith(b"%PDF") and b"%%EOF" in data[-1024:], f"{pdf} is not a whole PDF"
+        pages = len(re.findall(rb"/Type\s*/Page\b", data))
+        assert n_written <= pages <= 6 * n_written, f"{pdf}: {pages} pages for {n_written} written question(s)"
+    assert pdfs[f"{name}-written-solutions.pdf"].stat().st_size > pdfs[f"{name}-written.pdf"].stat().st_size
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_first_code_cell_installs_kvdro_only_where_missing(name):
+    """Colab: the first code cell clones this repository (the URL of _config.yml) and installs it, guarded by
+    ``find_spec("kvdro") is None`` so that it does nothing in a clone, in CI or in the autograder."""
+    import yaml
+
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    first = next(c for c in jupytext.read(build.masters()[name]).cells if c.cell_type == "code").source
+    assert 'if importlib.util.find_spec("kvdro") is None:' in first and f'"{url}"' in first, first
+    assert "otter-grader==7.0.0" in first and "otter-grader==7.0.0" in (ROOT / "pyproject.toml").read_text()
+    env: dict = {}
+    exec(compile(first, "<install cell>", "exec"), env)  # kvdro is installed here: nothing may run
+    assert "repo" not in env, "the install cell ran although kvdro is installed"
+
+
 # ----------------------------------------------------------------------------------------- grading
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_master_gets_full_points(kit, name, tmp_path):

@@ -7,6 +7,9 @@ assignment format) this writes, under ``OUT/<name>/`` (default ``_build/assignme
     student/<name>.ipynb                solutions and hidden tests stripped, ``grader.check`` cells kept
     autograder/<name>.ipynb             the solutions notebook
     autograder/<name>-autograder.zip    the autograder (otter's timestamped zip, renamed to a stable name)
+    student/<name>-written.pdf          the written (manually graded) questions only, blank: the template
+                                        to create the Gradescope assignment's outline from
+    autograder/<name>-written-solutions.pdf   the same questions with model answers and rubrics, for graders
 
 and ``OUT/index.json`` (questions and points of every assignment). Grade one submission without
 Docker with ``otter run -a autograder/<name>-autograder.zip submission.ipynb``.
@@ -17,9 +20,14 @@ the submission, so ``import kvdro`` works in a grading container where kvdro is 
 image (Python 3.11). The real traces are not in the zip: set ``KVDRO_DATA_DIR`` where grading runs,
 or let ``kvdro.datasets`` download them.
 
+The PDFs keep only the cells otter marks as manually graded (``otter export``'s filtering, one
+question per page) and are printed by headless Chromium from nbconvert's HTML with a local MathJax,
+so they build offline with no LaTeX. Without Chromium (``apt-get install chromium``) they are left
+out with a warning; ``--no-pdfs`` leaves them out on purpose.
+
 Usage::
 
-    python book/assignments/build.py [--out DIR] [--src DIR] [NAME ...]
+    python book/assignments/build.py [--out DIR] [--src DIR] [--no-pdfs] [NAME ...]
 
 ``--src`` builds masters kept elsewhere (e.g. a private variant of an assignment with other
 instances, for a graded course: the masters in this public repository contain their solutions).
@@ -33,6 +41,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -93,7 +102,48 @@ def _to_notebook(master: Path) -> nbformat.NotebookNode:
     raise ValueError(f"{master}: no ```otter block starting with '# ASSIGNMENT CONFIG'")
 
 
-def build_one(name: str, master: Path, out: Path) -> dict:
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def chromium() -> str | None:
+    """The path of a Chromium-like browser on PATH, or None."""
+    return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+def _local_mathjax() -> str:
+    """A file URL of the MathJax 2.7 that the ``jupyter-server-mathjax`` wheel ships (the book uses it too)."""
+    import jupyter_server_mathjax
+
+    js = Path(jupyter_server_mathjax.__file__).parent / "static" / "MathJax.js"
+    return js.as_uri() + "?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+
+
+def written_pdf(notebook: Path, pdf: Path, browser: str) -> Path:
+    """Print the manually graded questions of ``notebook`` (otter's filtering) to ``pdf`` with ``browser``."""
+    import nbconvert
+    from otter.export.exporters.base_exporter import BaseExporter
+
+    nb = BaseExporter.load_notebook(str(notebook), filtering=True, pagebreaks=True)
+    if not any("BEGIN QUESTION" in "".join(c.source) for c in nb.cells) and len(nb.cells) < 2:
+        raise ValueError(f"{notebook}: no manually graded question to export")
+    exporter = nbconvert.HTMLExporter(template_name="classic", exclude_input_prompt=True, exclude_output_prompt=True)
+    exporter.mathjax_url = _local_mathjax()
+    body, _ = exporter.from_notebook_node(nb)
+    page_break = "<style>@media print { .kvdro-break { break-after: page; } } body { margin: 0 1cm; }</style>"
+    body = body.replace("</head>", page_break + "</head>", 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        html = Path(tmp) / f"{notebook.stem}.html"
+        html.write_text(body, encoding="utf-8")
+        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+               "--disable-background-networking", "--allow-file-access-from-files", f"--user-data-dir={tmp}/profile",
+               "--virtual-time-budget=5000", "--no-pdf-header-footer", f"--print-to-pdf={pdf}", html.as_uri()]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if run.returncode != 0 or not pdf.is_file() or not pdf.read_bytes().startswith(b"%PDF"):
+        raise RuntimeError(f"Chromium did not print {pdf}:\n{run.stderr[-2000:]}")
+    return pdf
+
+
+def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     """Build one assignment into ``out/name``; return its summary (paths, questions, points)."""
     target = out / name
     if target.exists():
@@ -113,6 +163,14 @@ def build_one(name: str, master: Path, out: Path) -> dict:
     zips[0].rename(target / "autograder" / f"{name}-autograder.zip")
     shutil.rmtree(src / "kvdro")
     qs = questions(master)
+    written = []
+    browser = chromium() if pdfs and any(q["manual"] for q in qs) else None
+    if pdfs and browser is None and any(q["manual"] for q in qs):
+        print(f"{name}: no Chromium on PATH, so no PDF of the written questions (apt-get install chromium)", file=sys.stderr)
+    if browser:
+        for nb, pdf in ((target / "student" / f"{name}.ipynb", target / "student" / f"{name}-written.pdf"),
+                        (target / "autograder" / f"{name}.ipynb", target / "autograder" / f"{name}-written-solutions.pdf")):
+            written.append(str(written_pdf(nb, pdf, browser).relative_to(out)))
     return {
         "name": name,
         "master": str(master.relative_to(ROOT)) if master.is_relative_to(ROOT) else str(master),
@@ -121,10 +179,11 @@ def build_one(name: str, master: Path, out: Path) -> dict:
         "questions": qs,
         "autograded_points": sum(q["points"] for q in qs if not q["manual"]),
         "manual_points": sum(q["points"] for q in qs if q["manual"]),
+        "pdfs": written,
     }
 
 
-def build(out: Path = DEFAULT_OUT, names: list[str] | None = None, src: Path = HERE) -> list[dict]:
+def build(out: Path = DEFAULT_OUT, names: list[str] | None = None, src: Path = HERE, pdfs: bool = True) -> list[dict]:
     """Build the named assignments of ``src`` (default: all) into ``out``; write ``out/index.json``."""
     available = masters(src)
     chosen = names or list(available)
@@ -132,7 +191,7 @@ def build(out: Path = DEFAULT_OUT, names: list[str] | None = None, src: Path = H
     if unknown:
         raise ValueError(f"names: unknown assignment(s) {unknown}; available: {sorted(available)}")
     out.mkdir(parents=True, exist_ok=True)
-    summary = [build_one(n, available[n], out) for n in chosen]
+    summary = [build_one(n, available[n], out, pdfs) for n in chosen]
     index = out / "index.json"
     old = {a["name"]: a for a in json.loads(index.read_text())} if index.exists() and names else {}
     old.update({a["name"]: a for a in summary})
@@ -145,10 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("names", nargs="*", help="assignments to build (default: all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default _build/assignments)")
     parser.add_argument("--src", type=Path, default=HERE, help="folder of masters (default book/assignments)")
+    parser.add_argument("--no-pdfs", action="store_true", help="skip the PDFs of the written questions")
     args = parser.parse_args(argv)
-    for a in build(args.out.resolve(), args.names or None, args.src.resolve()):
+    for a in build(args.out.resolve(), args.names or None, args.src.resolve(), pdfs=not args.no_pdfs):
         print(f"{a['name']}: {a['autograded_points']} autograded + {a['manual_points']} written points "
-              f"-> {args.out / a['student']}, {args.out / a['autograder']}")
+              f"-> {args.out / a['student']}, {args.out / a['autograder']}"
+              + (f", {len(a['pdfs'])} PDFs" if a["pdfs"] else ""))
 
 
 if __name__ == "__main__":

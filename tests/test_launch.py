@@ -1,0 +1,156 @@
+"""Students running in minutes: notebook copies in the site, Colab launch links that reach them.
+
+``make book`` builds the site and then runs ``book/assignments/publish.py``, which writes an
+``.ipynb`` copy of every chapter with code and of every student notebook under
+``_build/html/notebooks/`` and points the theme's Colab buttons at them. Unit tests check the
+copies (install cell first, guarded; nothing else changed) on the real sources; the tests on the
+built site check every launch link and its target, and that no university hub is linked.
+
+Without a built book the site tests skip, unless ``KVDRO_REQUIRE_BOOK=1`` (set by the Makefile),
+when they fail; ``KVDRO_BOOK_HTML`` points them at another build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = Path(os.environ.get("KVDRO_BOOK_HTML") or ROOT / "_build" / "html")
+
+_spec = importlib.util.spec_from_file_location("kvdro_publish", ROOT / "book" / "assignments" / "publish.py")
+publish = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(publish)
+
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+REPO_URL = CONFIG["repository"]["url"].rstrip("/")
+ASSIGNMENTS = sorted(p.stem for p in (ROOT / "book" / "assignments").glob("a[0-9]*_*.md"))
+
+
+# ----------------------------------------------------------------------------------------- unit
+def test_config_has_colab_and_no_university_hub():
+    buttons = CONFIG["launch_buttons"]
+    assert buttons.get("colab_url") == "https://colab.research.google.com"
+    assert "datahub.berkeley.edu" not in (ROOT / "_config.yml").read_text()
+    assert not buttons.get("jupyterhub_url"), "a JupyterHub button is opt-in (see the comment in _config.yml)"
+    _, org, repo = publish.repository(CONFIG)
+    assert REPO_URL == f"https://github.com/{org}/{repo}"
+    assert publish.colab_link(CONFIG, "notebooks/book/02_newsvendor.ipynb") == (
+        f"https://colab.research.google.com/github/{org}/{repo}/blob/{buttons['notebooks_branch']}/notebooks/book/02_newsvendor.ipynb"
+    )
+
+
+def test_repository_must_be_github():
+    with pytest.raises(ValueError, match="repository.url"):
+        publish.repository({"repository": {"url": "https://example.org/kvdro"}})
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    html = tmp_path_factory.mktemp("html")
+    kit = tmp_path_factory.mktemp("kit")
+    for name in ASSIGNMENTS:  # stand-ins for the kit's student notebooks (the real ones need `make assignments`)
+        student = kit / name / "student" / f"{name}.ipynb"
+        student.parent.mkdir(parents=True)
+        nbformat.write(jupytext.read(ROOT / "book" / "assignments" / f"{name}.md"), student)
+    return html, publish.publish(html, kit)
+
+
+def test_every_chapter_with_code_and_every_assignment_is_published(published):
+    html, written = published
+    docs = re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text())
+    with_code = [d for d in docs if "{code-cell}" in (ROOT / f"{d}.md").read_text()]
+    assert len(with_code) >= 8, with_code
+    assert sorted(written) == sorted([f"notebooks/{d}.ipynb" for d in with_code]
+                                     + [f"notebooks/assignments/{a}.ipynb" for a in ASSIGNMENTS])
+    for doc in with_code:
+        nb = nbformat.read(html / "notebooks" / f"{doc}.ipynb", as_version=4)
+        nbformat.validate(nb)
+        source = jupytext.read(ROOT / f"{doc}.md")
+        code = [c.source for c in nb.cells if c.cell_type == "code"]
+        original = [c.source for c in source.cells if c.cell_type == "code"]
+        first = code[0]
+        assert publish.INSTALL_GUARD in first and f'"{REPO_URL}"' in first, f"{doc}: first code cell\n{first}"
+        # nothing else changed: the chapter's own code cells follow, in order
+        assert code[len(code) - len(original):] == original, doc
+        assert len(code) - len(original) in (0, 1), doc
+
+
+def test_install_cell_does_nothing_where_kvdro_is_installed():
+    env: dict = {}
+    exec(compile(publish.INSTALL_CELL.replace("{url}", REPO_URL), "<install cell>", "exec"), env)
+    assert "repo" not in env, "the install cell ran although kvdro is installed"
+
+
+def test_rewrite_points_the_theme_colab_button_at_the_copy(tmp_path):
+    # the address sphinx-book-theme builds: {colab_url}/github/{org}/{repo}/blob/{branch}/{path of the source}
+    _, org, repo = publish.repository(CONFIG)
+    theme = f"https://colab.research.google.com/github/{org}/{repo}/blob/{CONFIG['repository']['branch']}/book/02_newsvendor.md"
+    page = tmp_path / "book" / "02_newsvendor.html"
+    page.parent.mkdir()
+    page.write_text(f'<a href="{theme}" class="btn dropdown-item" title="Launch on Colab">Colab</a>')
+    assert publish.rewrite_launch_links(tmp_path) == 1
+    assert publish.colab_link(CONFIG, "notebooks/book/02_newsvendor.ipynb") in page.read_text()
+    assert ".md" not in page.read_text()
+
+
+# ----------------------------------------------------------------------------------------- built site
+def built() -> Path:
+    if not (HTML / "index.html").exists():
+        if os.environ.get("KVDRO_REQUIRE_BOOK") == "1":
+            pytest.fail(f"no built book at {HTML}: run `make book` first")
+        pytest.skip(f"no built book at {HTML}: run `make book` first")
+    return HTML
+
+
+def _links(page: Path) -> list[str]:
+    return re.findall(r'href="([^"]+)"', page.read_text(encoding="utf-8"))
+
+
+def test_built_chapters_launch_on_colab_from_the_published_copy():
+    html = built()
+    problems = []
+    for doc in publish.chapters():
+        page = html / f"{doc}.html"
+        links = _links(page)
+        colab = [u for u in links if "colab.research.google.com" in u]
+        want = publish.colab_link(CONFIG, f"notebooks/{doc}.ipynb")
+        if colab != [want]:
+            problems.append(f"{doc}: Colab links {colab}, want [{want}]")
+        target = html / "notebooks" / f"{doc}.ipynb"
+        if not target.is_file():
+            problems.append(f"{doc}: {target} was not published")
+            continue
+        nb = nbformat.read(target, as_version=4)
+        first = next(c.source for c in nb.cells if c.cell_type == "code")
+        if publish.INSTALL_GUARD not in first:
+            problems.append(f"{doc}: the published notebook does not start with the install cell")
+        binder = [u for u in links if "mybinder.org" in u]
+        _, org, repo = publish.repository(CONFIG)
+        if not binder or any(f"/gh/{org}/{repo}/" not in u for u in binder):
+            problems.append(f"{doc}: Binder links {binder} do not name {org}/{repo}")
+        if any("datahub.berkeley.edu" in u or "hub/user-redirect" in u for u in links):
+            problems.append(f"{doc}: links a JupyterHub")
+    assert not problems, "\n".join(problems)
+
+
+def test_built_teaching_page_links_the_assignments_on_colab_and_for_download():
+    html = built()
+    page = html / "book" / "10_teaching.html"
+    links = _links(page)
+    for name in ASSIGNMENTS:
+        target = f"notebooks/assignments/{name}.ipynb"
+        assert publish.colab_link(CONFIG, target) in links, f"{name}: no Colab link on the teaching page"
+        assert (html / target).is_file(), f"{name}: {target} was not published"
+        nb = json.loads((html / target).read_text())
+        assert nb["metadata"].get("otter"), f"{name}: the published copy is not the kit's student notebook"
+        downloads = [u for u in links if u.endswith(f"/{name}.ipynb") and "_downloads" in u]
+        assert downloads and all((page.parent / u).resolve().is_file() for u in downloads), f"{name}: download {downloads}"
