@@ -11,20 +11,30 @@ The static HTML is also checked: no script is loaded from another host, and no c
 traceback (IPython prints, rather than raises, an exception thrown while *displaying* a chart).
 
 Layout, measured in the browser (an iframe of the given width around a copy of the page that
-measures itself once charts and MathJax are done):
+measures itself once charts and MathJax are done, with every collapsed block opened -- a reader can
+open a hidden output or a solution, so it must fit too):
 
 * at a laptop window (1280 px) no display equation and no chart reaches outside the article's text
-  column (a cut-off equation or a chart whose legend hides behind a scrollbar fails);
+  column (a cut-off equation or a chart whose legend hides behind a scrollbar fails), and no table,
+  printed output line or output image is wider than the column (no sideways scrolling to read a
+  result);
+* no table cell and no printed output shows NaN (write "–", or leave a missing value out);
 * at a phone width (400 px) nothing inside the article is clipped (an element that hides overflow
   while its content is wider, or content sticking out of the screen with no scroll container to
-  reach it); a wide display equation may scroll.
+  reach it); a wide display equation or table may scroll inside its own box; every chart shrinks to
+  the column (a fixed-width chart loses its right-hand panel); no table is squeezed to less than half
+  the width its content needs (a sliver of one-word lines).
 
-A self-test injects a too-wide equation and chart into a copy of a built page and checks that the
-measurement reports both, so the layout tests cannot pass by measuring nothing.
+Each failure names the page, the element (table by its header row and section, output by its longest
+line, chart by id and section) and by how many px it is too wide. Self-tests inject each kind of
+fault (a wide equation, chart, table, printed line; a fixed-width chart and a squeezed table at
+400 px; NaN cells) into a copy of a built page and check that the measurement reports it, so the
+layout tests cannot pass by measuring nothing.
 
 Run by ``make test`` after ``make book``. Without a built book the tests skip, unless
 ``KVDRO_REQUIRE_BOOK=1`` (set by the Makefile), when they fail. ``KVDRO_BOOK_HTML`` points the tests
-at another build (e.g. ``jupyter-book build --path-output /tmp/jb`` -> ``/tmp/jb/_build/html``).
+at another build (e.g. ``jupyter-book build --path-output /tmp/jb`` -> ``/tmp/jb/_build/html``);
+``KVDRO_BOOK_PAGES=01_,04_`` checks only the pages whose name contains one of these (for one chapter).
 Without Chromium they skip with the reason; ``.ci/run`` installs it.
 """
 
@@ -74,7 +84,12 @@ def built_pages() -> list[Path]:
         if os.environ.get("KVDRO_REQUIRE_BOOK") == "1":
             pytest.fail(f"no built book at {HTML}: run `make book` first")
         pytest.skip(f"no built book at {HTML}: run `make book` first")
-    pages = [HTML / f"{doc}.html" for doc in toc_chapters()]
+    docs = toc_chapters()
+    only = [s.strip() for s in os.environ.get("KVDRO_BOOK_PAGES", "").split(",") if s.strip()]
+    if only:  # e.g. KVDRO_BOOK_PAGES=01_,02_ : the pages whose doc name contains one of these
+        docs = [d for d in docs if any(s in d for s in only)]
+        assert docs, f"KVDRO_BOOK_PAGES={only} matches no page of _toc.yml"
+    pages = [HTML / f"{doc}.html" for doc in docs]
     missing = [p for p in pages if not p.exists()]
     assert not missing, f"chapters in _toc.yml without a built page: {missing}"
     return pages
@@ -135,7 +150,8 @@ def test_every_chapter_page_renders_charts_and_math_offline(pages):
             if dom.select(".MathJax_Error, merror"):
                 problems.append(f"{page.name}: MathJax reported a TeX error")
     assert problems == [], "\n".join(problems)
-    code_chapters = [d for d in toc_chapters() if "{code-cell}" in (ROOT / f"{d}.md").read_text()]
+    tested = {p.relative_to(HTML).with_suffix("").as_posix() for p in pages}
+    code_chapters = [d for d in tested if "{code-cell}" in (ROOT / f"{d}.md").read_text()]
     if code_chapters:
         assert charts_seen > 0, "the book executes code but shows no chart at all"
 
@@ -191,6 +207,23 @@ MEASURE_JS = r"""
     for (let i = 0; i < 3 && p; i++) { path.push(p.tagName.toLowerCase() + (p.id ? "#" + p.id : "") + (p.className && p.className.toString ? "." + p.className.toString().trim().split(/\s+/).slice(0, 2).join(".") : "")); p = p.parentElement; }
     return path.join(" < ") + " '" + (el.textContent || "").trim().slice(0, 50) + "'";
   }
+  function squash(s, n) { s = (s || "").replace(/\s+/g, " ").trim(); return s.length > n ? s.slice(0, n - 1) + "…" : s; }
+  function section(el) {
+    for (let p = el; p; p = p.parentElement) {
+      if (p.tagName === "SECTION" && p.id) { return "§" + p.id; }
+    }
+    return "§top";
+  }
+  function labelTable(t, n) {
+    const cap = t.querySelector("caption");
+    const head = t.querySelector("thead tr") || t.querySelector("tr");
+    return "table " + n + " (" + section(t) + ") '" + squash((cap ? cap.textContent + " | " : "") + (head ? Array.from(head.children).map(function (c) { return c.textContent.trim(); }).join(" | ") : ""), 70) + "'";
+  }
+  function longestLine(text) {
+    let best = "";
+    text.split("\n").forEach(function (l) { if (l.length > best.length) { best = l; } });
+    return best;
+  }
   function scrolls(el, stop) {
     for (let p = el.parentElement; p && p !== stop; p = p.parentElement) {
       const o = getComputedStyle(p).overflowX;
@@ -202,10 +235,10 @@ MEASURE_JS = r"""
     const art = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
     const cs = getComputedStyle(art), a = art.getBoundingClientRect();
     const column = {left: a.left + parseFloat(cs.paddingLeft), right: a.right - parseFloat(cs.paddingRight)};
-    const out = {viewport: window.innerWidth, column: column, charts: [], math: [], clipped: [], offscreen: []};
+    const out = {viewport: window.innerWidth, column: column, charts: [], math: [], tables: [], outputs: [], images: [], clipped: [], offscreen: []};
     document.querySelectorAll("div.kvdro-chart").forEach(function (c) {
       const svg = c.querySelector(".kvdro-vega svg") || c.querySelector("svg");
-      out.charts.push(Object.assign({id: c.id}, rect(svg || c)));
+      out.charts.push(Object.assign({id: c.id + " (" + section(c) + ")"}, rect(svg || c)));
     });
     document.querySelectorAll("div.math").forEach(function (d) {
       let left = Infinity, right = -Infinity;
@@ -215,6 +248,32 @@ MEASURE_JS = r"""
         if (r.width > 0) { left = Math.min(left, r.left); right = Math.max(right, r.right); }
       });
       out.math.push({id: d.id || describe(d), left: left, right: right, typeset: right > -Infinity});
+    });
+    let n = 0;
+    art.querySelectorAll("table").forEach(function (t) {
+      if (t.closest(".MathJax, .MathJax_Display, mjx-container, div.kvdro-chart, div.cell_input")) { return; }
+      const r = t.getBoundingClientRect();
+      n += 1;
+      if (r.width === 0) { return; }  // inside a collapsed cell or dropdown: not on the page
+      // the width its content asks for: a hidden copy laid out at max-content beside it
+      const copy = t.cloneNode(true);
+      copy.removeAttribute("id");
+      copy.style.cssText += ";position:absolute;visibility:hidden;left:0;top:0;width:max-content;max-width:none";
+      t.parentElement.appendChild(copy);
+      const natural = copy.getBoundingClientRect().width;
+      copy.remove();
+      out.tables.push(Object.assign({id: labelTable(t, n), natural: natural}, rect(t)));
+    });
+    art.querySelectorAll("div.cell_output pre, div.output pre").forEach(function (pre) {
+      const r = pre.getBoundingClientRect();
+      if (r.width === 0) { return; }
+      out.outputs.push({id: "output (" + section(pre) + ") '" + squash(longestLine(pre.textContent), 60) + "'",
+                        left: r.left, right: r.right, width: r.width, scroll: pre.scrollWidth - pre.clientWidth});
+    });
+    art.querySelectorAll("div.cell_output img, div.output img").forEach(function (img) {
+      const r = img.getBoundingClientRect();
+      if (r.width === 0) { return; }
+      out.images.push(Object.assign({id: "image (" + section(img) + ") " + squash(img.getAttribute("alt") || img.getAttribute("src"), 50)}, rect(img)));
     });
     const clipping = new Set(), blocks = new Set();
     art.querySelectorAll("*").forEach(function (el) {
@@ -234,7 +293,11 @@ MEASURE_JS = r"""
     });
     parent.postMessage(JSON.stringify(out), "*");
   }
-  window.addEventListener("load", function () { setTimeout(measure, 8000); });
+  function openAll() {  // what a reader can open is measured open: hidden outputs, solutions
+    document.querySelectorAll("article details").forEach(function (d) { d.open = true; });
+    document.querySelectorAll("article .toggle-hidden").forEach(function (e) { e.classList.remove("toggle-hidden"); });
+  }
+  window.addEventListener("load", function () { setTimeout(function () { openAll(); setTimeout(measure, 1000); }, 7000); });
 })();
 </script>
 """
@@ -245,10 +308,15 @@ WRAPPER = """<!DOCTYPE html><html><body style="margin:0">
   const p = document.createElement("pre"); p.id = "kvdro-layout"; p.textContent = e.data; document.body.appendChild(p);
 }});</script></body></html>"""
 
+_LAYOUTS: dict[tuple[Path, int], dict] = {}
+
 
 def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
     """Geometry of ``page`` rendered in a ``width`` px wide frame: the article's text column, every
-    chart and display equation (left/right edges, px), and what is clipped (module docstring)."""
+    chart, display equation, table (and the width its content asks for), printed output and output
+    image (left/right edges, px), and what is clipped (module docstring). Memoised without ``inject``."""
+    if not inject and (page, width) in _LAYOUTS:
+        return _LAYOUTS[(page, width)]
     text = page.read_text(encoding="utf-8")
     text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
     if inject:
@@ -268,7 +336,15 @@ def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
         )
     match = re.search(r'<pre id="kvdro-layout">(.*?)</pre>', result.stdout, re.S)
     assert match, f"{page.name}: no layout measured at {width} px (chromium: {result.stderr[-1000:]})"
-    return json.loads(html_lib.unescape(match.group(1)))
+    layout = json.loads(html_lib.unescape(match.group(1)))
+    if not inject:
+        _LAYOUTS[(page, width)] = layout
+    return layout
+
+
+def _outside(item: dict, col: dict) -> float:
+    """How far [px] an element reaches outside the column, on the worse side (<= 0: inside)."""
+    return max(item["right"] - col["right"], col["left"] - item["left"])
 
 
 def overflows(layout: dict, tolerance: float = 1.0) -> list[str]:
@@ -285,8 +361,67 @@ def overflows(layout: dict, tolerance: float = 1.0) -> list[str]:
     return bad
 
 
+def wide_content(layout: dict, tolerance: float = 1.0) -> list[str]:
+    """Tables, printed outputs and output images wider than the text column (a laptop must not
+    scroll sideways to read a result). Each line names the element and by how many px it is too wide."""
+    col = layout["column"]
+    width = col["right"] - col["left"]
+    bad = []
+    for t in layout["tables"]:
+        if _outside(t, col) > tolerance:
+            bad.append(f"{t['id']}: {_outside(t, col):.0f} px wider than the column ({t['width']:.0f} px in {width:.0f} px)")
+    for o in layout["outputs"]:
+        over = max(o["scroll"], _outside(o, col))
+        if over > tolerance:
+            bad.append(f"{o['id']}: printed line {over:.0f} px wider than the column (scrolls sideways)")
+    for img in layout["images"]:
+        if _outside(img, col) > tolerance:
+            bad.append(f"{img['id']}: {_outside(img, col):.0f} px wider than the column")
+    return bad
+
+
+def squeezed_at_phone_width(layout: dict, tolerance: float = 1.0) -> list[str]:
+    """At a phone width: charts that do not shrink to the column (a fixed-width chart loses its
+    right-hand panel), and tables squeezed to less than half the width their content needs (and
+    than the column) -- a sliver of one-word lines. A wide table may scroll inside its own box."""
+    col = layout["column"]
+    width = col["right"] - col["left"]
+    bad = []
+    for c in layout["charts"]:
+        if _outside(c, col) > tolerance:
+            bad.append(f"chart {c['id']}: does not shrink, {_outside(c, col):.0f} px wider than the {width:.0f} px column")
+    for t in layout["tables"]:
+        if t["width"] < 0.5 * min(t["natural"], width):
+            bad.append(f"{t['id']}: squeezed to {t['width']:.0f} px (its content needs {t['natural']:.0f} px, the column is {width:.0f} px)")
+    return bad
+
+
+NAN_CELL = re.compile(r"^(nan|NaN|<NA>|NaT)$")
+NAN_TOKEN = re.compile(r"(?<![\w.])(nan|NaN|<NA>|NaT)(?![\w])")
+
+
+def nan_cells(dom: bs4.BeautifulSoup) -> list[str]:
+    """Table cells and printed outputs showing NaN (write "–" or leave the value out)."""
+    article = dom.select_one("article.bd-article") or dom
+    bad = []
+    for i, table in enumerate(article.find_all("table"), start=1):
+        if table.find_parent(class_="cell_input"):
+            continue
+        cells = [c.get_text(" ", strip=True) for c in table.find_all(["td", "th"])]
+        hits = [c for c in cells if NAN_CELL.match(c)]
+        if hits:
+            head = " | ".join(c.get_text(" ", strip=True) for c in (table.find("tr") or table).find_all(["th", "td"]))[:70]
+            bad.append(f"table {i} '{head}': {len(hits)} cell(s) read NaN")
+    for pre in article.select("div.cell_output pre, div.output pre"):
+        for line in pre.get_text().splitlines():
+            if NAN_TOKEN.search(line):
+                bad.append(f"output line shows NaN: '{line.strip()[:80]}'")
+                break
+    return bad
+
+
 def layout_pages(pages: list[Path]) -> list[Path]:
-    return [p for p in pages if static_dom(p).select("div.kvdro-chart, div.math")]
+    return [p for p in pages if static_dom(p).select("div.kvdro-chart, div.math, table, div.cell_output")]
 
 
 def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
@@ -297,13 +432,34 @@ def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
     assert problems == [], f"at {LAPTOP_PX} px:\n" + "\n".join(problems)
 
 
+def test_no_table_or_output_is_wider_than_the_column_at_laptop_width(pages):
+    problems = []
+    for page in layout_pages(pages):
+        problems += [f"{page.name}: {p}" for p in wide_content(measured_layout(page, LAPTOP_PX))]
+    assert problems == [], f"at {LAPTOP_PX} px ({len(problems)}):\n" + "\n".join(problems)
+
+
+def test_no_table_cell_or_output_shows_nan(pages):
+    problems = [f"{page.name}: {p}" for page in pages for p in nan_cells(static_dom(page))]
+    assert problems == [], "\n".join(problems)
+
+
 def test_nothing_is_clipped_at_phone_width(pages):
     problems = []
     for page in layout_pages(pages):
         layout = measured_layout(page, PHONE_PX)
         problems += [f"{page.name}: clipped {c}" for c in layout["clipped"]]
         problems += [f"{page.name}: off the screen {c}" for c in layout["offscreen"]]
-    assert problems == [], f"at {PHONE_PX} px:\n" + "\n".join(problems)
+        problems += [f"{page.name}: {p}" for p in squeezed_at_phone_width(layout)]
+    assert problems == [], f"at {PHONE_PX} px ({len(problems)}):\n" + "\n".join(problems)
+
+
+WIDE_TABLE = ('<table id="kvdro-wide-table"><thead><tr>' + "".join(f"<th>column{i}</th>" for i in range(40))
+              + "</tr></thead><tbody><tr>" + "".join(f"<td>{i * 1000.5}</td>" for i in range(40)) + "</tr></tbody></table>")
+WIDE_OUTPUT = ('<div class="cell_output docutils container"><div class="output stream highlight-myst-ansi notranslate">'
+               '<div class="highlight"><pre><span></span>kvdro-wide-output ' + "x" * 300 + "</pre></div></div></div>")
+SLIVER_TABLE = ('<div style="width:60px"><table id="kvdro-sliver"><tr><td>kvdro-sliver: a long sentence in a table squeezed into a narrow box</td>'
+                "<td>another cell that needs room to be read</td></tr></table></div>")
 
 
 def test_layout_measurement_catches_a_wide_equation_and_chart(pages):
@@ -315,3 +471,30 @@ def test_layout_measurement_catches_a_wide_equation_and_chart(pages):
     found = overflows(layout)
     assert any("kvdro-wide-eq" in f for f in found), found
     assert any("kvdro-chart-wide" in f for f in found), found
+
+
+def test_layout_measurement_catches_a_wide_table_and_a_long_printed_line(pages):
+    """The laptop-width check reports a too-wide table and a printed line that scrolls, by name and px."""
+    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
+    found = wide_content(measured_layout(page, LAPTOP_PX, inject=WIDE_TABLE + WIDE_OUTPUT))
+    assert any("column0 | column1" in f and "px wider than the column" in f for f in found), found
+    assert any("kvdro-wide-output" in f and "printed line" in f for f in found), found
+
+
+def test_phone_measurement_catches_a_fixed_width_chart_and_a_sliver_table(pages):
+    """At 400 px a chart that keeps its 700 px and a table squeezed to a sliver are both reported."""
+    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
+    fixed = ('<div class="kvdro-chart" id="kvdro-chart-fixed" data-kvdro-rendered="vega"><div class="kvdro-vega" style="overflow-x:auto">'
+             '<svg width="700" height="20" style="max-width:none"></svg></div></div>')
+    found = squeezed_at_phone_width(measured_layout(page, PHONE_PX, inject=fixed + SLIVER_TABLE))
+    assert any("kvdro-chart-fixed" in f and "does not shrink" in f for f in found), found
+    assert any("kvdro-sliver" in f and "squeezed to" in f for f in found), found
+
+
+def test_nan_check_catches_nan_cells_and_printed_nan():
+    dom = bs4.BeautifulSoup(
+        '<article class="bd-article"><table><tr><th>rho</th><th>P99 [s]</th></tr><tr><td>10</td><td>NaN</td></tr></table>'
+        '<div class="cell_output"><pre>policy  cost\ndro     nan\n</pre></div>'
+        '<div class="cell_output"><pre>nanoseconds are fine, so is "–"</pre></div></article>', "html.parser")
+    found = nan_cells(dom)
+    assert len(found) == 2 and "rho | P99 [s]" in found[0] and "dro     nan" in found[1], found

@@ -21,11 +21,17 @@ CSS_FILE = "kvdro-layout.css"
 # than a phone's column was cut off and could not be scrolled, and accents such as \hat were cut at
 # every width. Let inline math and MathJax's spans overflow as MathJax intends, make the display box
 # the scroll container, and let long inline code (file paths) wrap (tests/test_browser.py checks that
-# nothing is clipped at a phone width).
+# nothing is clipped at a phone width). Charts are drawn at a fixed width (kvdro.plotting.WIDTH, to
+# fit a laptop's column); on a narrower screen their SVG (which has a viewBox) scales down with the
+# column instead of losing its right-hand panel. Numbers in output tables use tabular figures.
 LAYOUT_CSS = """
 span.math, div.math span.math { overflow: visible; max-width: none; }
 div.math > .MathJax_Display { overflow-x: auto; overflow-y: hidden; min-width: 0; }
 .bd-article p code.literal, .bd-article p code.literal span.pre { white-space: normal; overflow-wrap: anywhere; }
+div.kvdro-chart, div.kvdro-vega, div.kvdro-vega .vega-embed { max-width: 100%; }
+div.kvdro-vega .vega-embed svg { max-width: 100%; height: auto; }
+div.kvdro-vega .vega-bindings { max-width: 100%; overflow-wrap: anywhere; }
+.bd-article div.cell_output table td, .bd-article div.cell_output table th { font-variant-numeric: tabular-nums; }
 """
 MATHJAX_DIR = "mathjax"
 MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
