@@ -40,7 +40,7 @@ from kvdro import queueing
 from kvdro.joint import Instance, Solution, evaluate, solve_exact
 from kvdro.joint.objective import predict_serving
 from kvdro.joint.paper import paper_trace
-from kvdro.joint.serving import CALIBRATION_COLUMNS, CALIBRATION_FILE, CalibrationTable, band_edges, band_of
+from kvdro.joint.serving import CALIBRATION_COLUMNS, CALIBRATION_FILE, RATIO_LEVELS, CalibrationTable, band_edges, band_of
 from kvdro.sim import Deployment, buffers_from_solution, policy_buffers, simulate
 from kvdro.sim.plan import observed, simulate_solution
 
@@ -103,6 +103,9 @@ def _band_row(res, req: pd.DataFrame, buffers: dict, blocks_tokens: float, horiz
     r = means["L"] + pd.Series({k: buffers.get(k, 0.0) for k in means.index})
     formula = float((means["n"] / horizon_s * H * r).sum())
     kv_tokens = float(np.average(res.engines["kv_use_mean"], weights=res.engines["blocks"])) * blocks_tokens
+    own = wait.mean() + a + b * done["input_tokens"].to_numpy(dtype=float) + c * done["generated_tokens"].to_numpy(dtype=float)
+    ratio = done["e2e_s"].to_numpy(dtype=float) / np.maximum(own, 1e-3)
+    deciles = np.quantile(ratio, RATIO_LEVELS)
     return {
         "wait_mean_s": float(wait.mean()),
         "wait_short_share": float((wait < SHORT_WAIT_S).mean()),
@@ -112,6 +115,7 @@ def _band_row(res, req: pd.DataFrame, buffers: dict, blocks_tokens: float, horiz
         "kv_ratio": kv_tokens / formula if formula > 0 else 1.0,
         "kv_use": kv_tokens / blocks_tokens,
         "requests": int(len(done)),
+        **{f"e2e_ratio_q{int(round(100 * lv))}": float(v) for lv, v in zip(RATIO_LEVELS, deciles)},
     }
 
 
@@ -134,10 +138,12 @@ def _at(train: pd.DataFrame, rate: float, rng: np.random.Generator) -> pd.DataFr
 
 
 def measure_bands(source: str = "real", *, instance: Instance | None = None, seed: int = 0,
-                  rho: float = 10.0, progress: bool = False) -> pd.DataFrame:
+                  rho: float = 10.0, configs=None, bands=None, progress: bool = False) -> pd.DataFrame:
     """The calibration rows of ``source`` (module docstring): one per (configuration, band), with
     :data:`kvdro.joint.serving.CALIBRATION_COLUMNS`. ``instance`` gives the configurations and the
-    bands (default the small paper instance's)."""
+    bands (default the small paper instance's); ``configs`` (names) and ``bands`` (indices) restrict
+    the measurement to some rows -- each row has its own seeded generator ``[seed, 15, k, j]``, so a
+    row measured alone equals the same row of the full table."""
     from kvdro.joint.paper import paper_instance
 
     inst = paper_instance("small", 0) if instance is None else instance
@@ -145,9 +151,10 @@ def measure_bands(source: str = "real", *, instance: Instance | None = None, see
     buffers = dict(policy_buffers("dro", train, rho=rho))
     edges = band_edges(inst)
     rows = []
-    rng = np.random.default_rng([int(seed), 15])
     for k, perf in enumerate(inst.configs):
         cfg = perf.config
+        if configs is not None and cfg.name not in configs:
+            continue
         dep = Deployment(groups=(cfg,), model=inst.model)
         M = float(perf.kv_capacity_tokens)
         first = train.sort_values("arrival_s", kind="stable").head(SATURATION_REQUESTS)
@@ -156,7 +163,9 @@ def measure_bands(source: str = "real", *, instance: Instance | None = None, see
         sat = sat_res.metrics["completed"] / sat_res.cost["horizon_s"]
         scale = 1.0 / (sat * _analytic_work(inst.model, perf, train))
         for j, u in enumerate(edges):
-            trace = _at(train, float(u) * sat, rng)
+            if bands is not None and j not in bands:
+                continue
+            trace = _at(train, float(u) * sat, np.random.default_rng([int(seed), 15, k, j]))
             res = simulate(trace, policy="dro", buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(0))
             row = _band_row(res, res.requests, buffers, M, res.cost["horizon_s"])
             rows.append({"source": source, "config": cfg.name, "band": j, "u_edge": float(u), "rate_rps": float(u) * sat,

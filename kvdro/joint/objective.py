@@ -165,9 +165,10 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
     * ``per_class_e2e_mean_s`` -- class name -> that class's mean [s] (``per_class_goodput_rps`` likewise);
     * ``goodput_rps`` -- admitted requests per second that finish within D_i: per class, configuration
       and output sample xi_n, P(W_k <= D_i - H_ik(xi_n)) with the wait an atom at 0 of mass p_k plus an
-      exponential of mean W_k / (1 - p_k), and H linear in xi [req/s]. Analytic: p_k = 1 - u_k (M/G/1's
-      idle share), the residence slope in xi from (1). Calibrated: p_k = the simulator's share of
-      waits under 1 s, the slope c of the calibrated residence line;
+      exponential of mean W_k / (1 - p_k), and H linear in xi [req/s], with p_k = 1 - u_k (M/G/1's
+      idle share) and the residence slope in xi from (1) (analytic model); calibrated model:
+      P(e2e <= D_i) with e2e = R (W_k + a + b L_in + c xi_n) and R drawn from the deciles the
+      simulator measured at the band (:func:`kvdro.joint.serving.ratio_cdf`);
     * ``kv_utilisation_mean`` -- KV tokens in use over the deployed capacity: per group the
       Little's-law tokens of (6e) without the headroom kappa, times the calibrated occupancy per
       token m_k (1 for the analytic model), over the physical M_k;
@@ -196,6 +197,7 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
         p0 = cal.wait_short_share[np.arange(K), bands]
         slope = cal.residence[np.arange(K), cal.operating_bands, 2]
         slope = np.broadcast_to(slope[None, :], pi.shape)
+        deciles = cal.e2e_ratio[np.arange(K), cal.operating_bands]
     else:
         p0 = np.clip(1.0 - u, 0.0, 1.0)
         slope = np.zeros(pi.shape)
@@ -218,8 +220,13 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
             Wk = W[k]
             if not np.isfinite(Wk):
                 continue
-            tail = Wk / max(1.0 - p0[k], 1e-9)
-            ok = np.where(slack < 0, 0.0, p0[k] + (1 - p0[k]) * (1 - np.exp(-slack / tail)) if tail > 0 else 1.0)
+            if instance.serving == "calibrated":  # the measured spread of e2e around W + H(xi)
+                from kvdro.joint.serving import ratio_cdf
+
+                ok = ratio_cdf(deciles[k], float(c.slo_s) / np.maximum(Wk + h, 1e-6))
+            else:
+                tail = Wk / max(1.0 - p0[k], 1e-9)
+                ok = np.where(slack < 0, 0.0, p0[k] + (1 - p0[k]) * (1 - np.exp(-slack / tail)) if tail > 0 else 1.0)
             good[i] += lam[i] * pi[i, k] * float(ok.mean())
 
     m = kv_ratio(instance)

@@ -90,6 +90,8 @@ __all__ = [
     "load_calibration",
     "calibration_for",
     "residence_line",
+    "RATIO_LEVELS",
+    "ratio_cdf",
 ]
 
 #: The two serving models of ``Instance(serving=...)``.
@@ -99,12 +101,16 @@ CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "data" / "calibration_b
 #: Its columns: per (source, config, band): the band's upper edge, the arrival rate of the run
 #: [req/s], the simulated saturation throughput [req/s] and work scale of the config, the mean wait
 #: [s], the share of requests that waited under 1 s, the residence line (a [s], b [s per input
-#: token], c [s per output token]), the KV occupancy per reserved token, the measured KV use and
-#: utilisation (busy share of saturation), the number of requests.
+#: token], c [s per output token]), the KV occupancy per reserved token, the measured KV use, the
+#: number of requests, and the deciles of e2e / (W + a + b L_in + c xi) per request.
 CALIBRATION_COLUMNS = (
     "source", "config", "band", "u_edge", "rate_rps", "sat_rps", "work_scale", "wait_mean_s",
     "wait_short_share", "res_a_s", "res_b_s", "res_c_s", "kv_ratio", "kv_use", "requests",
-)
+) + tuple(f"e2e_ratio_q{q}" for q in range(10, 100, 10))
+
+#: Levels of the ``e2e_ratio_q*`` columns: deciles of a request's end-to-end time over the model's
+#: own prediction for it, W + a + b L_in + c xi (the spread the means leave out; goodput reads it).
+RATIO_LEVELS = np.arange(1, 10) / 10.0
 
 
 def _table(instance, fn) -> np.ndarray:
@@ -363,6 +369,7 @@ class InstanceCalibration:
     wait_short_share: np.ndarray  # (K, B)
     residence: np.ndarray  # (K, B, 3): a [s], b [s/input token], c [s/output token]
     kv_ratio: np.ndarray  # (K, B)
+    e2e_ratio: np.ndarray  # (K, B, 9) deciles of e2e over the predicted e2e per request
     operating_bands: np.ndarray  # (K,) band index where H and m are read
 
 
@@ -380,7 +387,7 @@ def calibration_for(instance) -> InstanceCalibration:
     edges = band_edges(instance)
     B, K = edges.size, instance.n_configs
     out = {k: np.empty(s) for k, s in (("work_scale", K), ("sat_rps", K), ("wait_s", (K, B)), ("wait_short_share", (K, B)),
-                                        ("residence", (K, B, 3)), ("kv_ratio", (K, B)))}
+                                        ("residence", (K, B, 3)), ("kv_ratio", (K, B)), ("e2e_ratio", (K, B, 9)))}
     for k, cfg in enumerate(instance.configs):
         rows = table.rows(cfg.config.name)
         if len(rows) != B or not np.allclose(rows["u_edge"].to_numpy(dtype=float), edges, rtol=0, atol=1e-5):
@@ -394,6 +401,7 @@ def calibration_for(instance) -> InstanceCalibration:
         out["wait_short_share"][k] = rows["wait_short_share"].to_numpy(dtype=float)
         out["residence"][k] = rows[["res_a_s", "res_b_s", "res_c_s"]].to_numpy(dtype=float)
         out["kv_ratio"][k] = rows["kv_ratio"].to_numpy(dtype=float)
+        out["e2e_ratio"][k] = rows[[f"e2e_ratio_q{q}" for q in range(10, 100, 10)]].to_numpy(dtype=float)
     ob = instance.operating_bands
     bands = np.full(K, B - 1, dtype=int) if ob is None else np.asarray(ob, dtype=int)
     res = InstanceCalibration(operating_bands=bands, **out)
@@ -433,3 +441,13 @@ def kv_ratio(instance) -> np.ndarray:
         return np.ones(instance.n_configs)
     cal = calibration_for(instance)
     return cal.kv_ratio[np.arange(instance.n_configs), cal.operating_bands]
+
+
+def ratio_cdf(deciles: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """P(R <= x) from the nine deciles of R >= 0: linear between deciles, from (0, 0) to the first,
+    and from the last (0.9) to 1 at twice the last decile (a short tail; it moves goodput by < 10 %)."""
+    q = np.maximum.accumulate(np.asarray(deciles, dtype=float))
+    xs = np.concatenate([[0.0], q, [2.0 * q[-1]]])
+    ps = np.concatenate([[0.0], RATIO_LEVELS, [1.0]])
+    xs = xs + np.arange(xs.size) * 1e-12  # strictly increasing for interp
+    return np.interp(np.asarray(x, dtype=float), xs, ps)
