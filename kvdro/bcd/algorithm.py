@@ -59,7 +59,7 @@ from kvdro.bcd.blocks import (
 from kvdro.joint import Instance, Solution, evaluate
 from kvdro.joint.serving import group_state
 
-__all__ = ["BLOCKS", "BcdRun", "BlockRecord", "DELTA_RULES", "run_bcd", "solve_bcd"]
+__all__ = ["BLOCKS", "BcdRun", "BlockRecord", "DELTA_RULES", "block_pass", "run_bcd", "solve_bcd"]
 
 #: Names of the steps recorded in a trace, in the order they run.
 BLOCKS = ("init", "LP1", "LP2", "delta", "z")
@@ -273,3 +273,30 @@ def solve_bcd(
         instance, max_iter=max_iter, tol=tol, init=init, delta_rule=delta_rule,
         inner_iter=inner_iter, time_limit=time_limit,
     ).solution
+
+
+def block_pass(instance: Instance, solution: Solution, delta_rule: Literal["paper", "descent"] = "descent") -> dict[str, float]:
+    """Every block run once at ``solution`` with models built afresh, each answer scored by
+    :func:`~kvdro.joint.evaluate` [cost / s] (inf if infeasible): ``"LP1"`` (at the solution's own
+    bands), ``"LP2"``, ``"delta"`` (Block 2's proposal; the rule's output with ``delta_rule="paper"``)
+    and ``"z"`` (Block 3). A point is blockwise optimal (chapter 6) when none of these is below its
+    own objective by more than the tolerance -- a check that does not trust the run that produced it.
+    """
+    if delta_rule not in DELTA_RULES:
+        raise ValueError(f"delta_rule: must be one of {DELTA_RULES}, got {delta_rule!r}")
+    z, r, pi, d = solution.z, solution.r, solution.pi, solution.delta
+
+    def f(z_, r_, pi_, d_) -> float:
+        ev = evaluate(instance, Solution(z=z_, r=r_, pi=pi_, delta=d_))
+        return ev.total if ev.feasible else math.inf
+
+    lp1 = RoutingLP(instance)
+    pi1, _ = lp1.solve(z, r, d, lp1.bands_for(z, utilisation(instance, z, pi, d)))
+    proposal = prefix_descent(instance, z, r, pi, d) if delta_rule == "descent" else prefix_rule(instance, z, pi)
+    z3, pi3, _ = ConfigIP(instance).solve(r, d)
+    return {
+        "LP1": f(z, r, pi1, d),
+        "LP2": f(z, ReservationStep(instance).solve(z, r, pi, d), pi, d),
+        "delta": f(z, r, pi, proposal),
+        "z": f(z3, r, pi3, d),
+    }
