@@ -137,6 +137,18 @@ def boot_weights(n_blocks: int) -> np.ndarray:
     return np.stack([np.bincount(d, minlength=n_blocks) for d in draws]).astype(float)
 
 
+def relative(costs: np.ndarray, blocks: np.ndarray, base: np.ndarray) -> tuple[float, float, float]:
+    """Cost relative to ``base``, ``mean(costs) / mean(base) - 1``, and its 95% interval from the same
+    block bootstrap (a ratio of resampled totals, so the interval never passes -100%)."""
+    uniq, b = np.unique(blocks, return_inverse=True)
+    sums = np.bincount(b, weights=costs, minlength=uniq.size)
+    sums_base = np.bincount(b, weights=base, minlength=uniq.size)
+    w = boot_weights(uniq.size)
+    reps = (w @ sums) / (w @ sums_base) - 1
+    lo, hi = np.quantile(reps, [0.025, 0.975])
+    return float(costs.sum() / base.sum() - 1), float(lo), float(hi)
+
+
 def interval(costs: np.ndarray, blocks: np.ndarray, base: np.ndarray | None = None) -> tuple[float, float, float]:
     """Mean cost per request and its 95% block-bootstrap interval; with ``base``, of the paired
     difference ``costs - base`` (same requests, same resampled blocks)."""
@@ -208,9 +220,10 @@ def compare_row(trace: str, rho: float, shift: float, label: str) -> dict:
     base = nv.loss(y, eta_saa, rho * C_W, C_W)
     mean, lo, hi = interval(cost, blocks)
     d, dlo, dhi = interval(cost, blocks, base)
+    rel, rlo, rhi = relative(cost, blocks, base)
     return {"trace": trace, "rho": rho, "shift": shift, "method": label, "set": kind, "rule": rule or "-",
             "radius": r, "eta": eta, "certificate": cert, "cost": mean, "cost_lo": lo, "cost_hi": hi,
-            "diff_saa": d, "diff_lo": dlo, "diff_hi": dhi, "verdict": verdict(dlo, dhi, float(base.mean())) if label != "SAA" else "-",
+            "diff_saa": d, "diff_lo": dlo, "diff_hi": dhi, "rel": rel, "rel_lo": rlo, "rel_hi": rhi, "verdict": verdict(dlo, dhi, float(base.mean())) if label != "SAA" else "-",
             "n_test": int(y.size), "n_blocks": int(np.unique(blocks).size)}
 
 
@@ -233,15 +246,16 @@ def compare(trace: str) -> pd.DataFrame:
                 cost = nv.loss(y, eta, rho * C_W, C_W)
                 mean, lo, hi = interval(cost, blocks)
                 d, dlo, dhi = interval(cost, blocks, base)
+                rel, rlo, rhi = relative(cost, blocks, base)
                 rows.append({"trace": trace, "rho": rho, "shift": shift, "method": label, "set": kind, "rule": rule or "-",
                              "radius": r, "eta": eta, "certificate": cert, "cost": mean, "cost_lo": lo, "cost_hi": hi,
-                             "diff_saa": d, "diff_lo": dlo, "diff_hi": dhi,
+                             "diff_saa": d, "diff_lo": dlo, "diff_hi": dhi, "rel": rel, "rel_lo": rlo, "rel_hi": rhi,
                              "verdict": verdict(dlo, dhi, float(base.mean())) if label != "SAA" else "-",
                              "n_test": int(y.size), "n_blocks": int(np.unique(blocks).size)})
     return pd.DataFrame(rows)
 
 
-CONTEXT = ("SAA (class)", "SAA, 4 bins", "SAA, 8 bins", "KS, DKW, 4 bins", "LP+1σ", "LP+2σ")
+CONTEXT = ("SAA (class)", "SAA, 4 bins", "SAA, 8 bins", "KS, 4 bins", "LP+1σ", "LP+2σ")
 
 
 def context_buffers(label: str, train: pd.DataFrame, test: pd.DataFrame, rho: float) -> np.ndarray:
@@ -256,7 +270,7 @@ def context_buffers(label: str, train: pd.DataFrame, test: pd.DataFrame, rho: fl
     if label.startswith("LP+"):
         buffers = policy_buffers("lp1" if label == "LP+1σ" else "lp2", train, rho=rho, c_w=C_W)
         return request_buffers(buffers, test["request_class"].to_numpy(), test["input_tokens"].to_numpy(dtype=float))
-    n_bins = int(label.split(",")[-1].split()[0])
+    n_bins = int(label.split(", ")[-1].split()[0])
     if label.startswith("SAA"):
         b = am.bucket_reservations("ks", Lin, x, rho * C_W, C_W, 0.0, L, n_bins=n_bins)
     else:  # the DKW radius of each bin's own sample count: rebuild bin by bin
@@ -282,8 +296,10 @@ def context(trace: str) -> pd.DataFrame:
             cost = nv.loss(y, eta, rho * C_W, C_W)
             mean, lo, hi = interval(cost, blocks)
             d, dlo, dhi = interval(cost, blocks, base)
+            rel, rlo, rhi = relative(cost, blocks, base)
             rows.append({"trace": trace, "rho": rho, "method": label, "eta_mean": float(eta.mean()), "cost": mean,
                          "cost_lo": lo, "cost_hi": hi, "diff_saa": d, "diff_lo": dlo, "diff_hi": dhi,
+                         "rel": rel, "rel_lo": rlo, "rel_hi": rhi,
                          "verdict": verdict(dlo, dhi, float(base.mean())) if label != "SAA (class)" else "-", "corr_in_out": corr})
     return pd.DataFrame(rows)
 
