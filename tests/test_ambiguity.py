@@ -283,3 +283,25 @@ def test_bad_choices_are_named():
         am.bucket_reservations("ks", [1.0, 2.0], [1.0, 2.0], 2.0, 1.0, 0.1, 5.0, n_bins=0)
     with pytest.raises(ValueError, match="input_tokens"):
         am.bucket_reservations("ks", [1.0, -2.0], [1.0, 2.0], 2.0, 1.0, 0.1, 5.0)
+
+
+# --------------------------------------------------------------------------- the benchmark's statistics
+def test_benchmark_verdict_rule_and_intervals():
+    from kvdro.bench import ambiguity as bench
+
+    assert bench.verdict(-3.0, -1.0, 100.0) == "wins" and bench.verdict(1.0, 3.0, 100.0) == "loses"
+    assert bench.verdict(-1.0, 1.0, 100.0) == "ties"
+    assert bench.verdict(1e-9, 2e-9, 100.0) == "ties"  # floating-point noise is not an effect
+    rng = np.random.default_rng(0)
+    blocks = np.repeat(np.arange(30), 50)
+    base = rng.exponential(10.0, blocks.size)
+    worse = base * 1.2 + rng.normal(0, 0.1, blocks.size).clip(0)
+    mean, lo, hi = bench.interval(worse, blocks, base)
+    assert lo < mean < hi and lo > 0  # a 20% markup on the same requests: the paired interval excludes 0
+    rel, rlo, rhi = bench.relative(worse, blocks, base)
+    assert math.isclose(rel, worse.sum() / base.sum() - 1) and 0.15 < rlo < rel < rhi < 0.25
+    nothing = np.zeros_like(base)  # a method that costs nothing: -100%, never below
+    assert bench.relative(nothing, blocks, base) == (-1.0, -1.0, -1.0)
+    m, lo1, hi1 = bench.interval(base, blocks)
+    m2, lo2, hi2 = bench.interval(base, blocks)
+    assert (lo1, hi1) == (lo2, hi2) and math.isclose(m, base.mean())  # seeded: the same interval every run
