@@ -331,31 +331,31 @@ def holdout(trace, n_test):
     mid = len(trace) // 2
     test = trace.iloc[mid:mid + n_test]
     return trace.iloc[:mid], test.assign(arrival_s=test["arrival_s"] - test["arrival_s"].min())
-""", "BY ARRIVAL TIME", None, False),
+""", "BY ARRIVAL TIME", 1.0, False),
     ("a4_policy", "q2", """
 def my_buffers(train, rho):
     return {str(c): float(np.quantile(p["output_tokens"], 1 / (rho + 1), method="inverted_cdf"))
             for c, p in train.groupby("request_class")}
-""", "never make the policy reserve less", None, False),
+""", "never make the policy reserve less", 1.0, False),
     ("a4_policy", "q3", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rng = np.random.default_rng(seed)  # one generator shared by every policy
     rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
                             rho=rho, rng=rng).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "own np.random.default_rng(seed)", None, False),
+""", "own np.random.default_rng(seed)", 1.0, False),
     ("a4_policy", "q3", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rows = {label: simulate(test, policy="vllm" if b is None else "dro", buffers=None, deployment=deployment,
                             rho=rho, rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "refits the buffers on the TEST trace", None, False),
+""", "refits the buffers on the TEST trace", 1.0, False),
     ("a4_policy", "q3", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
                             rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "pass rho to simulate", None, False),
+""", "pass rho to simulate", 1.0, False),
 ]
 
 
@@ -397,3 +397,19 @@ def test_wrong_answer_gets_a_helpful_message(kit, name, question, wrong, hint, s
     assert "Traceback" not in public_text and "KeyError" not in public_text and "ufunc" not in public_text, (
         f"{name}/{question}: a confusing error reaches the student:\n{public_text}"
     )
+
+
+if __name__ == "__main__":  # the grading table of WRONG_ANSWERS: python tests/test_assignments.py [KIT_DIR]
+    import contextlib
+    import io
+    import tempfile
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp())
+    if not (out / "index.json").exists():
+        build.build(out, pdfs=False)
+    print("| assignment | question | score | first message the student sees (public) |\n|---|---|---|---|")
+    for name, question, wrong, *_ in WRONG_ANSWERS:
+        with contextlib.redirect_stdout(io.StringIO()):
+            got, possible, public_text, hidden_text = grade_wrong_answer(out, name, question, wrong)
+        lines = [ln[len("AssertionError: "):] for ln in public_text.splitlines() if ln.startswith("AssertionError: ")]
+        print(f"| {name} | {question} | {got:g}/{possible:g} | {lines[0] if lines else '(public tests pass)'} |")
