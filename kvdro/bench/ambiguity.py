@@ -18,6 +18,9 @@ Writes the cached tables chapter 9 reads (a few minutes on one core):
 ``data/ambiguity_context.csv``
     buffers conditional on the prompt length (per-bin SAA and KS-robust buffers) against the
     class-level SAA buffer and LP + k sigma.
+``data/ambiguity_realised.csv``
+    a few methods through the simulator (:func:`realised`): realised cost and the paper's accounting
+    per served request, on the default and on a memory-tight deployment.
 
 The verdict rule (:func:`verdict`) was written before the first run: a method *wins* (loses) a cell if
 the 95% interval of its paired difference to SAA lies entirely below (above) zero, else it *ties*.
@@ -304,6 +307,47 @@ def context(trace: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: The methods, deployments and cells simulated for the realised cost (one run each: the simulator is
+#: deterministic given the trace and the routing seed).
+REALISED_METHODS = ("SAA", "W1, guarantee", "KS, DKW", "KL, chi2", "Scarf")
+DEPLOYMENTS = ("2 x TP4-PP1", "4 x TP2-PP1")
+REALISED_RHOS = (10, 100)
+REALISED_SHIFTS = (1.0, 2.0)
+
+
+def realised(trace: str) -> pd.DataFrame:
+    """Realised cost through the simulator (chapter 7): buffers fitted on the training half, the test
+    half served at chapter 8's load (x 0.5) with outputs x s, on the default deployment (memory never
+    binds) and on the memory-tight 4 x TP2-PP1. Both accountings per served request."""
+    from kvdro.experiments import traces as tr
+    from kvdro.experiments.sweeps import DEFAULT_LOAD, _slo_map, _summary
+    from kvdro.sim import default_deployment, simulate
+
+    train, test = split(trace)
+    x = train["output_tokens"].to_numpy(dtype=float)
+    L = float(x.max())
+    cls = str(train["request_class"].iloc[0])
+    rows = []
+    for rho in REALISED_RHOS:
+        fitted = {label: fit(kind, rule, x, rho, L) for label, kind, rule in METHODS if label in REALISED_METHODS}
+        for shift in REALISED_SHIFTS:
+            t = tr.scale_load(test, DEFAULT_LOAD)
+            t = tr.shift(t, shift) if shift != 1.0 else t
+            for dep_name in DEPLOYMENTS:
+                config = dep_name.split(" x ")[1]
+                dep = default_deployment(slo_s=_slo_map(train), config=config)
+                for label in REALISED_METHODS:
+                    res = simulate(t, policy="dro", buffers={cls: fitted[label][1]}, deployment=dep, rho=rho,
+                                   rng=np.random.default_rng([SEED, 3]))
+                    out = _summary(res, len(t))
+                    rows.append({"trace": trace, "rho": rho, "shift": shift, "deployment": dep_name, "method": label,
+                                 "eta": fitted[label][1], "realised_per_req": out["cost_realised_per_req"],
+                                 "paper_per_req": out["cost_paper_per_req"], "newsvendor_per_req": out["newsvendor_per_req"],
+                                 "preemptions": out["preemptions"], "rejected": out["rejected"],
+                                 "completed": out["completed"], "lost": out["lost"]})
+    return pd.DataFrame(rows)
+
+
 def write(df: pd.DataFrame, name: str) -> Path:
     path = DATA / f"ambiguity_{name}.csv"
     df.to_csv(path, index=False, float_format="%.10g")
@@ -313,9 +357,9 @@ def write(df: pd.DataFrame, name: str) -> Path:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvdro.bench ambiguity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("radius", "radii", "compare", "context"), help="write one table only")
+    parser.add_argument("--only", choices=("radius", "radii", "compare", "context", "realised"), help="write one table only")
     args = parser.parse_args(argv)
-    jobs = {"radius": radius_curves, "radii": radii_table, "compare": compare, "context": context}
+    jobs = {"radius": radius_curves, "radii": radii_table, "compare": compare, "context": context, "realised": realised}
     for name, fn in jobs.items():
         if args.only and name != args.only:
             continue
