@@ -84,3 +84,21 @@ def test_property_cases_include_heavy_preemption():
     assert a.preemptions.sum() >= 20
     assert a.totals() == b.totals()
     np.testing.assert_array_equal(a.recomputed_tokens, b.recomputed_tokens)
+
+
+def test_prefill_clock_equals_step_time_to_the_picosecond():
+    """The clock's two-piece prefill formula (timing.py) is step_time itself, rounded, for any token mix."""
+    from kvdro.hardware import step_time
+    from kvdro.sim.timing import seconds_to_ps
+
+    rng = np.random.default_rng(0)
+    for tp, pp in ((2, 1), (4, 1), (2, 2), (4, 2)):
+        cfg = ParallelConfig(tp, pp)
+        clock = StepClock(LLAMA2_70B, A100_80GB, cfg)
+        for _ in range(300):
+            tokens = int(rng.integers(1, 16_385))
+            parts = rng.multinomial(tokens, np.ones(3) / 3)
+            pairs = int((parts.astype(np.int64) ** 2).sum()) if rng.random() < 0.7 else int(rng.integers(0, tokens))
+            exact = seconds_to_ps(step_time(LLAMA2_70B, A100_80GB, cfg, tokens, 0, 0, prefill_attention_tokens2=pairs))
+            assert abs(clock.prefill_ps(tokens, pairs) - exact) <= 1
+    assert StepClock.shared(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1)) is StepClock.shared(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))

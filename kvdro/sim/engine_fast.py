@@ -53,8 +53,9 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
     K, S = inp.prefix_key.tolist(), inp.shared_blocks.tolist()
     pblocks = list(spec.prefix_blocks)
     out = EngineOutput.empty(n_req)
-    admit, first, finish = out.admit_ps, out.first_token_ps, out.finish_ps
-    preemptions, recomputed = out.preemptions, out.recomputed_tokens
+    # per-request results as Python lists (numpy element access is slow), copied to ``out`` at the end
+    admit, first, finish = [-1] * n_req, [-1] * n_req, [-1] * n_req
+    preemptions, recomputed, final_cap, generated = [0] * n_req, [0] * n_req, [0] * n_req, [0] * n_req
     blocks, reactive, wm = spec.blocks, spec.free_block_rule, spec.watermark_blocks
     hard, window = spec.hard, spec.window_blocks
     budget, max_seqs = spec.token_budget, spec.max_num_seqs
@@ -70,6 +71,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
     adm_req: dict[int, int] = {}
     order: list[int] = []  # admission numbers of running sequences, oldest first
     res: list[list[int]] = [[] for _ in range(_B)]  # tight sequences by allocation residue
+    rc = [0] * _B  # len(res[o]), kept alongside
+    ntight = 0  # sum(rc)
     done_heap: list[tuple[int, int, int]] = []
     ovf_heap: list[tuple[int, int, int]] = []
     ref = [0] * len(pblocks)
@@ -97,15 +100,18 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
                 free += pblocks[key]
 
     def remove_running(j: int) -> None:
-        nonlocal sum_off
+        nonlocal sum_off, ntight
         a = adm_of[j]
         if order and order[-1] == a:
             order.pop()
         else:
             del order[bisect_right(order, a) - 1]
         if tight[j]:
-            lst = res[(-kv_off[j]) % _B]
+            o = (-kv_off[j]) % _B
+            lst = res[o]
             del lst[bisect_right(lst, a) - 1]
+            rc[o] -= 1
+            ntight -= 1
         del adm_req[a]
         adm_of[j] = -1
         sum_off -= kv_off[j]
@@ -145,7 +151,10 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             key = K[j]
             sj = S[j] if key >= 0 else 0
             hit = key >= 0 and ref[key] > 0
-            own_need = max(R[j], ceil_blocks(P)) - sj
+            own_need = -(-P // _B)
+            if R[j] > own_need:
+                own_need = R[j]
+            own_need -= sj
             need = own_need + (pblocks[key] if key >= 0 and not hit else 0)
             if free - need < wm:
                 break
@@ -189,8 +198,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
                 a = adm_of[j]
                 if gprev[j] + 1 == X[j]:
                     finish[j] = t
-                    out.final_cap_tokens[j] = cap0[j]
-                    out.generated[j] = X[j]
+                    final_cap[j] = cap0[j]
+                    generated[j] = X[j]
                     nb = own0[j]
                     remove_running_untight = tight[j]
                     tight[j] = False  # not in a residue list yet
@@ -201,7 +210,10 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
                     continue
                 heapq.heappush(done_heap, (X[j] - g_off[j] - 1, a, j))
                 if tight[j]:
-                    insort(res[(-kv_off[j]) % _B], a)
+                    o = (-kv_off[j]) % _B
+                    insort(res[o], a)
+                    rc[o] += 1
+                    ntight += 1
                 else:
                     heapq.heappush(ovf_heap, (cap0[j] - kv_off[j], a, j))
             if ndone and progress is not None:
@@ -218,24 +230,23 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
         g_ovf = top_valid(ovf_heap)
         if g_ovf is not None:
             k = min(k, g_ovf - G)
+        cnt = None
         if k > 0:
-            cnt = [len(res[(G + o) % _B]) for o in range(_B)]
-            total = sum(cnt)
             limit = free - 1 if reactive else free
-            if reactive and free < 1:
-                k = 0  # the free-block rule preempts before the next decode
-            elif total:
-                if limit < 0:
-                    k = 0
-                else:
-                    c, rem = divmod(limit, total)
-                    kmem = _B * c
-                    for o in range(_B):
-                        if rem < cnt[o]:
-                            break
-                        rem -= cnt[o]
-                        kmem += 1
-                    k = min(k, kmem)
+            if limit < 0:
+                k = 0  # the free-block rule (or a tight sequence's block) preempts before the next decode
+            elif ntight:
+                g16 = G % _B
+                cnt = rc[g16:] + rc[:g16]  # cnt[o] = tight sequences taking a block at steps = o (mod 16)
+                c, rem = divmod(limit, ntight)
+                kmem = _B * c
+                for co in cnt:
+                    if rem < co:
+                        break
+                    rem -= co
+                    kmem += 1
+                if kmem < k:
+                    k = kmem
         b = clock.decode_base_ps(n)
         C0 = sum_off + n * (G + 1)
         lin = b + slope * C0
@@ -256,12 +267,18 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             U0 = blocks - free
             alloc = 0
             s1 = s2 = 0
-            if reactive or any(res):
-                for o in range(min(_B, k)):
-                    c = len(res[(G + o) % _B])
+            if cnt is not None and k <= _B:  # one term per residue: x = o
+                for o in range(k):
+                    c = cnt[o]
                     if c:
-                        T = (k - 1 - o) // _B + 1
-                        alloc += c * T
+                        alloc += c
+                        s1 += c * o
+                        s2 += c * (o * (o - 1) // 2)
+            elif cnt is not None:
+                for o in range(_B):
+                    c = cnt[o]
+                    if c:
+                        alloc += c * ((k - 1 - o) // _B + 1)
                         m1, m2 = _moments(o, k)
                         s1 += c * m1
                         s2 += c * m2
@@ -269,7 +286,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             free -= alloc
             if free < 0:
                 raise InvariantError("fast engine: a jump took more blocks than are free")
-            peak = max(peak, U0 + alloc)
+            if U0 + alloc > peak:
+                peak = U0 + alloc
             steps += k
             busy += Dk
             resident += n * Dk
@@ -277,7 +295,10 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             dps += Dk
             t += Dk
             G += k
-            continue
+            if not waiting and nxt < n_req and arr[nxt] <= t:
+                continue  # an arrival to admit first
+            # otherwise nothing can be admitted (free blocks only fell, the running set is the same):
+            # the event step follows directly
 
         # 2b. one ordinary decode step (with its event)
         capped: list[int] = []  # hard: admission numbers reaching their reservation this step
@@ -290,7 +311,10 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
                 capped.append(a)
                 continue
             tight[j] = True
-            insort(res[(-kv_off[j]) % _B], a)
+            o = (-kv_off[j]) % _B
+            insort(res[o], a)
+            rc[o] += 1
+            ntight += 1
         preempted: list[int] = []
         allocs = list(res[G % _B])
         stopped = False
@@ -377,8 +401,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
                 break
             _, a, j = heapq.heappop(done_heap)
             finish[j] = t
-            out.generated[j] = X[j]
-            out.final_cap_tokens[j] = _B * ceil_blocks(kv_off[j] + G) if tight[j] else cap0[j]
+            generated[j] = X[j]
+            final_cap[j] = _B * ceil_blocks(kv_off[j] + G) if tight[j] else cap0[j]
             nb = owned(j)
             remove_running(j)
             release(j, nb)
@@ -386,6 +410,9 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
         if ndone and progress is not None:
             progress.update(ndone)
 
+    for name, values in (("admit_ps", admit), ("first_token_ps", first), ("finish_ps", finish), ("preemptions", preemptions),
+                         ("recomputed_tokens", recomputed), ("final_cap_tokens", final_cap), ("generated", generated)):
+        getattr(out, name)[:] = values
     out.steps, out.prefill_steps, out.busy_ps = steps, prefill_steps, busy
     out.resident_integral, out.kv_integral = resident, kvi
     out.decode_batch_integral, out.decode_ps = dbatch, dps

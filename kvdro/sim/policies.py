@@ -13,7 +13,7 @@ a training trace:
 ``saa``       the SAA newsvendor buffer: the lower q* = rho/(rho+1) quantile (chapter 2, (9)-(10)).
 ``dro``       the Wasserstein-DRO buffer of chapter 3 (closed form), eps = 0.15 E[xi_i],
               support [0, L_max^i] with L_max^i the largest training output.
-``lp1/lp2``   "LP + k sigma", our reading: a **length predictor** -- per class, the least-squares
+``lp1/lp2``   "LP+1σ" / "LP+2σ" (:data:`DISPLAY_NAMES`), our reading: a **length predictor** -- per class, the least-squares
               line xi ~ a_i + b_i L_in fitted on the training part -- plus k = 1 or 2 standard
               deviations of its residuals: eta = a_i + b_i L_in + k sigma_i, so the buffer depends on
               the request's own prompt length (clipped to [0, L_max^i]).
@@ -32,12 +32,16 @@ import pandas as pd
 from kvdro.newsvendor import saa_reservation
 from kvdro.wasserstein import dro_reservation
 
-__all__ = ["POLICIES", "RESERVATION_POLICIES", "Buffers", "policy_buffers", "request_buffers"]
+__all__ = ["DISPLAY_NAMES", "POLICIES", "RESERVATION_POLICIES", "Buffers", "policy_buffers", "request_buffers"]
 
 #: Every policy name the simulator knows, in the order tables show them.
 POLICIES: tuple[str, ...] = ("vllm", "max", "mean", "p90", "p95", "p99", "saa", "dro", "lp1", "lp2")
 #: The policies that reserve a buffer (all but ``vllm``).
 RESERVATION_POLICIES: tuple[str, ...] = POLICIES[1:]
+#: How tables and charts name the policies (the CLI keeps the names above). "LP+1σ"/"LP+2σ" are the
+#: paper's length-predictor baselines, not chapter 6's linear programs LP1/LP2.
+DISPLAY_NAMES: dict[str, str] = {"vllm": "vLLM", "max": "Max", "mean": "Mean", "p90": "P90", "p95": "P95", "p99": "P99",
+                                 "saa": "SAA", "dro": "DRO", "lp1": "LP+1σ", "lp2": "LP+2σ"}
 
 _QUANTILES = {"p90": 0.90, "p95": 0.95, "p99": 0.99}
 

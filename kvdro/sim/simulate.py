@@ -231,7 +231,7 @@ def simulate(
             hard=reserves and reservation == "hard",
             window_blocks=-(-limit // BLOCK_TOKENS),
         )
-        clock = StepClock(dep.model, dep.gpu, cfg)
+        clock = StepClock.shared(dep.model, dep.gpu, cfg)
         for e in range(cfg.pp):
             idx = idx_g[e::cfg.pp]
             key = np.where(cached[cls[idx]] & (usable[idx] > 0), cls[idx], -1).astype(np.int64)

@@ -10,8 +10,11 @@ Each function returns a tidy ``pandas.DataFrame``; :func:`write_all` caches them
   and the fixed point of :func:`kvdro.hardware.decode_operating_point` at the same rate.
 * :func:`saturation` -- closed loop: N requests always in the engine (all queued at t = 0,
   ``max_num_seqs = N``), as lmdeploy's request-throughput benchmark runs N concurrent clients.
-* :func:`policy_sweep` -- every policy on both Azure 2023 traces at rho in {2, 10, 100}: buffers
+* :func:`policy_sweep` -- every policy on both Azure 2023 traces at rho in {2, 10, 100}, both
+  readings of a reservation, at each trace's operating points (:mod:`kvdro.sim.regimes`): buffers
   fitted on the first half of a trace (by arrival), simulated on the second half.
+* :func:`safety_table` -- every policy with and without vLLM's watermark and free-block rule.
+* :func:`resemblance` -- how closely simulated costs follow the paper's Table IV.
 * :func:`blocks_timeline` -- the per-step blocks of a handful of requests (the chapter's figure).
 """
 
@@ -35,7 +38,13 @@ __all__ = [
     "saturation",
     "policy_sweep",
     "split_half",
+    "SAFETY_CASES",
+    "safety_table",
+    "resemblance",
     "blocks_timeline",
+    "timeline_layers",
+    "preemption_times",
+    "PARTS",
     "write_all",
 ]
 
@@ -160,40 +169,92 @@ def split_half(trace: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def policy_sweep(traces: dict[str, pd.DataFrame], deployments: dict[str, tuple[Deployment, float]],
-                 rhos=(2.0, 10.0, 100.0), policies=POLICIES, *, seed: int = 0, progress: bool = False) -> pd.DataFrame:
-    """Every policy x rho x trace x deployment; buffers fitted on the first half, run on the second.
+                 rhos=(2.0, 10.0, 100.0), policies=POLICIES, *, readings=("soft",), safety=(True,), seed: int = 0,
+                 progress: bool = False) -> pd.DataFrame:
+    """Every policy x rho x reading x safety rules x trace x deployment; buffers fitted on the first
+    half of a trace, run on the second (re-zeroed, its rate multiplied by the deployment's scale).
 
-    ``deployments`` maps a label to (deployment, rate multiplier).
+    ``deployments`` maps a label to (deployment, rate multiplier), or, per trace, ``traces`` label ->
+    such a dict (each trace at its own operating points). ``readings`` are ``simulate``'s
+    ``reservation`` values, ``safety`` its ``safety_rules`` values; ``vllm``, which reserves nothing,
+    runs once per (trace, deployment, rho), with ``reading`` "soft" and ``safety_rules`` True.
     """
     rows = []
-    jobs = [(tn, dn, rho, p) for tn in traces for dn in deployments for rho in rhos for p in policies]
+    per_trace = {tn: deployments[tn] if tn in deployments else deployments for tn in traces}
+    jobs = [(tn, dn, rho, p, rd, sf) for tn in traces for dn in per_trace[tn] for rho in rhos for p in policies
+            for rd in readings for sf in safety
+            if p != "vllm" or (rd == readings[0] and sf == safety[0])]
     iterator = jobs
     if progress:
         from tqdm.auto import tqdm
 
         iterator = tqdm(jobs, desc="policies", leave=False)
-    for tn, dn, rho, policy in iterator:
-        train, test = split_half(traces[tn])
-        dep, scale = deployments[dn]
+    halves = {tn: split_half(tr) for tn, tr in traces.items()}
+    for tn, dn, rho, policy, reading, safe in iterator:
+        train, test = halves[tn]
+        dep, scale = per_trace[tn][dn]
         test = test.assign(arrival_s=(test["arrival_s"] - test["arrival_s"].min()) / scale)
         buffers = None if policy == "vllm" else policy_buffers(policy, train, rho=rho)
-        r = simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(seed))
+        r = simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(seed),
+                     reservation=reading, safety_rules=safe)
         m = dict(r.metrics)
         m.pop("wall_s")
         rows.append({"trace": tn, "deployment": dn, "scale": scale, "rho": rho, "policy": policy,
+                     "reading": "soft" if policy == "vllm" else reading, "safety_rules": True if policy == "vllm" else safe,
                      "buffer": float(np.mean(list(r.buffers.values()))) if r.buffers else np.nan, **m,
+                     "preempted_share": float((r.requests["preemptions"] > 0).mean()),
                      **{f"cost_{k}": r.cost[k] for k in ("preemption", "waste", "slo", "rejection", "gpu")},
                      "overflow_tokens": r.cost["overflow_tokens"], "newsvendor": r.cost["newsvendor"]})
     return pd.DataFrame(rows)
 
 
+#: Deployments of chapter 7's before/after table of the safety rules: label -> (deployment, load).
+SAFETY_CASES = {
+    "4 x TP2-PP1 at 0.6": (default_deployment(config="TP2-PP1"), 0.6),
+    "2 x TP4-PP1 at 1.0": (default_deployment(), 1.0),
+    "2 x TP4-PP1, max_num_seqs 1,024, at 1.5": (default_deployment(max_num_seqs=1024), 1.5),
+}
+
+
+def safety_table(trace: pd.DataFrame, *, rho: float = 10.0, progress: bool = False) -> pd.DataFrame:
+    """Every policy with vLLM's watermark and free-block rule (``safety_rules=True``, the simulator's
+    only behaviour) and without them (the package before issue 15), on :data:`SAFETY_CASES`."""
+    return policy_sweep({"conversation": trace}, SAFETY_CASES, rhos=(rho,), safety=(True, False), progress=progress)
+
+
+def resemblance(costs: pd.DataFrame, paper: dict[str, tuple]) -> dict[str, float]:
+    """How closely simulated costs follow the paper's Table IV: ``costs`` has columns policy, rho,
+    cost (one reading, one regime); ``paper`` maps a policy to (cost at rho 2, 10, 100, ...).
+
+    Returns the Spearman rank correlation of the 24 (policy, rho) costs with the paper's, and the
+    median absolute log10 error after the best single scale factor (the units differ), and the same
+    for the growth cost(rho = 100) / cost(rho = 2) of each policy (the paper's signature: Mean x34,
+    Max x1.0).
+    """
+    from scipy.stats import spearmanr
+
+    rhos = (2.0, 10.0, 100.0)
+    sim = costs.set_index(["policy", "rho"])["cost"]
+    pol = [p for p in paper if all((p, r) in sim.index for r in rhos)]
+    if len(pol) < 3:
+        raise ValueError("costs: need the paper's policies at rho 2, 10 and 100")
+    x = np.log10([max(sim[(p, r)], 1e-9) for p in pol for r in rhos])
+    y = np.log10([paper[p][i] for p in pol for i in range(3)])
+    shift = np.median(y - x)
+    gx = np.array([np.log10(max(sim[(p, 100.0)], 1e-9) / max(sim[(p, 2.0)], 1e-9)) for p in pol])
+    gy = np.array([np.log10(paper[p][2] / paper[p][0]) for p in pol])
+    return {"spearman": float(spearmanr(x, y)[0]), "log10_error": float(np.median(np.abs(y - x - shift))),
+            "growth_spearman": float(spearmanr(gx, gy)[0]), "growth_log10_error": float(np.median(np.abs(gy - gx)))}
+
+
 def blocks_timeline(requests: pd.DataFrame, *, blocks: int, reserve_tokens: dict | None = None,
-                    max_num_seqs: int = 8, hard: bool = False) -> pd.DataFrame:
+                    max_num_seqs: int = 8, hard: bool = False, watermark_blocks: int = 1) -> pd.DataFrame:
     """Per step and request: blocks reserved (held), tokens used, and free blocks, on a tiny engine of
     ``blocks`` blocks (reference engine, step by step). ``requests`` has arrival_s, input_tokens,
     output_tokens; ``reserve_tokens`` (request position -> L_in + eta) makes it a reservation policy,
-    ``hard=True`` a hard one (a cap; the context window is ``blocks - 1`` blocks). vLLM's watermark is
-    int(1% of ``blocks``) = 0 on so small a pool; the free-block rule applies.
+    ``hard=True`` a hard one (a cap; the context window is ``blocks - 1 - watermark_blocks`` blocks).
+    The free-block rule applies; the watermark is ``watermark_blocks`` (vLLM's 1% of a real pool is
+    dozens of blocks; of a toy pool it would round to 0).
     Rows: step, t_s, dur_s, kind, request (or -1 for free), blocks, used_tokens."""
     from kvdro.sim.engine_reference import run_reference
     from kvdro.sim.scheduler import EngineInput, EngineSpec, ceil_blocks
@@ -208,8 +269,8 @@ def blocks_timeline(requests: pd.DataFrame, *, blocks: int, reserve_tokens: dict
         output=requests["output_tokens"].to_numpy().astype(np.int64),
         reserve_blocks=reserve, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=np.zeros(n, dtype=np.int64),
     )
-    spec = EngineSpec(blocks=blocks, watermark_blocks=0, max_num_seqs=max_num_seqs, token_budget=4096, free_block_rule=True,
-                      hard=hard and not reactive, window_blocks=blocks - 1)
+    spec = EngineSpec(blocks=blocks, watermark_blocks=watermark_blocks, max_num_seqs=max_num_seqs, token_budget=4096,
+                      free_block_rule=True, hard=hard and not reactive, window_blocks=blocks - 1 - watermark_blocks)
     out = run_reference(spec, inp, StepClock(hw.LLAMA2_70B, hw.A100_80GB, hw.ParallelConfig(4, 1)), record=True)
     rows = []
     for step, (t, dur, kind, free, seqs) in enumerate(out.trace):
@@ -223,29 +284,75 @@ def blocks_timeline(requests: pd.DataFrame, *, blocks: int, reserve_tokens: dict
     return frame
 
 
-def write_all(data_dir: Path | None = None, *, progress: bool = True) -> list[Path]:
-    """Run every study on the real traces and write the CSVs chapter 7 reads; returns their paths."""
-    from kvdro.datasets import load_trace
+def timeline_layers(frame: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`blocks_timeline` frame as stacked layers per step: blocks holding cached tokens,
+    reserved but unused, and free (columns step, t_s, dur_s, ``blocks are``, n, layer)."""
+    held = frame[frame["request"] >= 0].assign(used=lambda d: -(-d["used_tokens"] // 16))
+    per = held.groupby(["step", "t_s", "dur_s"], as_index=False)[["blocks", "used"]].sum()
+    free = frame[frame["request"] < 0].set_index("step")["blocks"]
+    per["free"] = per["step"].map(free)
+    per["reserved, unused"] = per["blocks"] - per["used"]
+    out = per.rename(columns={"used": "holding cached tokens"}).melt(
+        id_vars=["step", "t_s", "dur_s"], value_vars=["holding cached tokens", "reserved, unused", "free"],
+        var_name="blocks are", value_name="n")
+    return out.assign(layer=out["blocks are"].map({"holding cached tokens": 0, "reserved, unused": 1, "free": 2}))
 
+
+def preemption_times(frame: pd.DataFrame) -> pd.DataFrame:
+    """Times at which a request of a :func:`blocks_timeline` frame leaves the running set and comes back."""
+    seen = frame[frame["request"] >= 0].groupby("request")["step"].apply(sorted)
+    t_of = frame.drop_duplicates("step").set_index("step")["t_s"]
+    rows = [{"t_s": t_of[b], "request": j} for j, steps in seen.items() for a, b in zip(steps, steps[1:]) if b > a + 1]
+    return pd.DataFrame(rows, columns=["t_s", "request"])
+
+
+PARTS = ("referee", "saturation", "regimes", "policies", "safety")
+
+
+def write_all(data_dir: Path | None = None, *, progress: bool = True, parts=PARTS) -> list[Path]:
+    """Run the studies on the real traces and write the CSVs chapter 7 reads; returns their paths.
+
+    ``parts`` (default all, in this order): ``referee`` -> ``sim_referee.csv``, ``saturation`` ->
+    ``sim_saturation.csv``, ``regimes`` -> ``sim_regimes.csv`` (:mod:`kvdro.sim.regimes`),
+    ``policies`` -> ``sim_policies.csv`` (every policy, both readings, at each trace's operating
+    points chosen from ``sim_regimes.csv``), ``safety`` -> ``sim_safety.csv``.
+    """
+    from kvdro.datasets import load_trace
+    from kvdro.sim import regimes
+
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"parts: unknown {sorted(unknown)} (use {PARTS})")
     d = DATA_DIR if data_dir is None else Path(data_dir)
     conv, code = load_trace("azure-2023-conv"), load_trace("azure-2023-code")
     paths = []
-    frames = [
-        referee(conv, hw.ParallelConfig(4, 1), name="conversation", progress=progress),
-        referee(conv, hw.ParallelConfig(2, 1), name="conversation", progress=progress),
-        referee(code, hw.ParallelConfig(4, 1), name="code", progress=progress),
-    ]
-    p = d / "sim_referee.csv"
-    pd.concat(frames, ignore_index=True).to_csv(p, index=False, float_format="%.6g")
-    paths.append(p)
-    p = d / "sim_saturation.csv"
-    saturation(conv).to_csv(p, index=False, float_format="%.6g")
-    paths.append(p)
-    deployments = {
-        "2 x TP4-PP1": (default_deployment(), 1.0),
-        "4 x TP2-PP1": (default_deployment(config="TP2-PP1"), 0.6),
-    }
-    p = d / "sim_policies.csv"
-    policy_sweep({"conversation": conv, "code": code}, deployments, progress=progress).to_csv(p, index=False, float_format="%.6g")
-    paths.append(p)
+
+    def write(frame: pd.DataFrame, name: str) -> None:
+        p = d / name
+        frame.to_csv(p, index=False, float_format="%.6g")
+        paths.append(p)
+
+    if "referee" in parts:
+        write(pd.concat([
+            referee(conv, hw.ParallelConfig(4, 1), name="conversation", progress=progress),
+            referee(conv, hw.ParallelConfig(2, 1), name="conversation", progress=progress),
+            referee(code, hw.ParallelConfig(4, 1), name="code", progress=progress),
+        ], ignore_index=True), "sim_referee.csv")
+    if "saturation" in parts:
+        write(saturation(conv), "sim_saturation.csv")
+    traces = {"conversation": conv, "code": code}
+    if "regimes" in parts:
+        write(regimes.regime_map(traces, progress=progress), "sim_regimes.csv")
+    if "policies" in parts:
+        rmap = regimes.load_regime_map(d / "sim_regimes.csv")
+        points = {}
+        for tn in traces:
+            chosen = regimes.choose_operating_points(rmap, tn)
+            points[tn] = {f"{name}: {pt.deployment_label} at {pt.scale:g}": (pt.deployment(), pt.scale) for name, pt in chosen.items()}
+        frame = policy_sweep(traces, points, readings=("soft", "hard"), progress=progress)
+        frame.insert(1, "regime", frame["deployment"].str.split(":").str[0])
+        frame["deployment"] = frame["deployment"].str.split(": ").str[1]
+        write(frame, "sim_policies.csv")
+    if "safety" in parts:
+        write(safety_table(conv, progress=progress), "sim_safety.csv")
     return paths

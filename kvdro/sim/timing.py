@@ -11,6 +11,14 @@ boundary is decided exactly.
   ``step_time(0, n, n) - slope * n``.
 * A **prefill step** of prompts with ``tokens`` new tokens in total and ``pairs`` = sum of
   ``L_j^2 - c_j^2`` causal-attention token pairs is ``step_time(tokens, 0, 0, pairs)``, rounded.
+  Prefill attention in ``step_time`` is a roofline max of its FLOPs (linear in ``pairs``) and its
+  K/V traffic (linear in ``tokens``), so ``step_time(tokens, 0, 0, pairs) = S0(tokens) +
+  max(0, a * pairs - m * tokens)`` with ``S0(tokens) = step_time(tokens, 0, 0, 0)``; the clock
+  computes ``a`` and ``m`` once from ``step_time`` and ``S0`` once per token count (a test checks
+  the result equals ``step_time`` to the picosecond).
+
+:meth:`StepClock.shared` returns one clock per (model, GPU, configuration) and process, so the
+memoised step durations are reused by every run of a sweep.
 
 For a pipeline-parallel group the step is the latency of one micro-batch through all ``pp`` stages
 (``step_time`` counts the stages one after another); the group runs ``pp`` such micro-batch engines
@@ -19,11 +27,11 @@ at once (:mod:`kvdro.sim.deployment`).
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from kvdro.hardware import GPU, Model, ParallelConfig, step_time
 
 __all__ = ["PS_PER_S", "StepClock", "seconds_to_ps"]
+
+_SHARED: dict = {}
 
 #: Picoseconds per second: the simulator's unit of time.
 PS_PER_S = 10**12
@@ -44,7 +52,23 @@ class StepClock:
         two = step_time(model, gpu, config, 0, 1, 1 + 1_000_000)
         self.slope_ps = seconds_to_ps((two - one) / 1_000_000)
         self._base: dict[int, int] = {}
-        self._prefill = lru_cache(maxsize=None)(self._prefill_ps)
+        # prefill attention: seconds per causal token pair (a) and per prompt token of its memory floor (m)
+        pairs = 1_000_000
+        p1 = step_time(model, gpu, config, 1, 0, 0, prefill_attention_tokens2=pairs)
+        p2 = step_time(model, gpu, config, 1, 0, 0, prefill_attention_tokens2=2 * pairs)
+        self._pair_s = (p2 - p1) / pairs
+        self._token_s = step_time(model, gpu, config, 1, 0, 0, prefill_attention_tokens2=0) - (p1 - self._pair_s * pairs)
+        self._s0: dict[int, float] = {}
+        self._prefill: dict[tuple[int, int], int] = {}
+
+    @classmethod
+    def shared(cls, model: Model, gpu: GPU, config: ParallelConfig) -> StepClock:
+        """The process's one clock of (model, gpu, config): its memoised durations serve every run."""
+        key = (model, gpu, config)
+        clock = _SHARED.get(key)
+        if clock is None:
+            clock = _SHARED[key] = cls(model, gpu, config)
+        return clock
 
     def decode_base_ps(self, n: int) -> int:
         """``base(n)`` [ps]: decode step of ``n`` sequences minus the context-proportional part."""
@@ -58,9 +82,14 @@ class StepClock:
         """Decode step of ``n`` sequences reading ``ctx`` cached tokens in total [ps]."""
         return self.decode_base_ps(n) + self.slope_ps * ctx
 
-    def _prefill_ps(self, tokens: int, pairs: int) -> int:
-        return seconds_to_ps(step_time(self.model, self.gpu, self.config, tokens, 0, 0, prefill_attention_tokens2=pairs))
-
     def prefill_ps(self, tokens: int, pairs: int) -> int:
         """Prefill step of ``tokens`` new prompt tokens with ``pairs`` attention pairs [ps]."""
-        return self._prefill(int(tokens), int(pairs))
+        key = (tokens, pairs)
+        ps = self._prefill.get(key)
+        if ps is None:
+            s0 = self._s0.get(tokens)
+            if s0 is None:
+                s0 = self._s0[tokens] = step_time(self.model, self.gpu, self.config, int(tokens), 0, 0, prefill_attention_tokens2=0)
+            extra = self._pair_s * pairs - self._token_s * tokens
+            ps = self._prefill[key] = seconds_to_ps(s0 + extra if extra > 0 else s0)
+        return ps

@@ -1,0 +1,241 @@
+"""The regime map: where memory binds, where nothing binds, where compute saturates (chapter 7).
+
+Every cell is one 8-GPU deployment serving the **second half** of a real trace (by arrival, the
+part the experiments test on; its arrival times re-zeroed and divided by ``load``, so the trace's
+burstiness is kept) under vLLM's own policy, and, beside it, the soft DRO reservation at rho = 10.
+Each cell is classified by rules written here, before the sweep (:func:`classify`):
+
+* **memory-bound**: mean KV use >= 60 % and ``vllm`` preempts (the paper's premise: the reservation
+  decides who waits and who is thrown out);
+* **saturated** (compute): latency grows with load beyond what the deployment gives when lightly
+  loaded -- ``vllm``'s SLO violation exceeds the deployment's own at the lowest load of the map by
+  more than 10 points (requests pile up in the engine: bigger batches, longer steps, prefill
+  stalls), or the queue outgrows the trace -- the engines need more than 5 % of the arrival span
+  after the last arrival to drain (if arrivals outpace service by a share x, the backlog at the end
+  takes about x of the span to serve). The SLO floor differs by deployment: TP2 groups decode more
+  slowly, so some long requests miss their SLO at any load;
+* **light** (nothing binds): no preemption, mean KV use < 50 %, not saturated;
+* otherwise **between**.
+
+:func:`choose_operating_points` applies a rule to the map to name the operating points the paper is
+tested in; :data:`OPERATING_POINTS` (read lazily from ``data/sim_regimes.csv``) holds them:
+
+* ``"memory"``: among memory-bound, stable cells of the conversation trace, the one with the lowest
+  ``vllm`` SLO violation (ties: the lower load). If no cell is both, the nearest: among stable
+  cells where ``vllm`` preempts, the highest mean KV use (``exact=False`` says so).
+* ``"light"``: on the paper's default 2 x TP4-PP1, the highest load at which nothing binds.
+
+``python -m kvdro.bench sim --regimes`` regenerates the CSV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvdro.sim.deployment import Deployment
+
+__all__ = [
+    "DEPLOYMENTS",
+    "LOADS",
+    "TRACES",
+    "KV_MEMORY_BOUND",
+    "KV_LIGHT",
+    "DRAIN_SATURATED",
+    "SLO_EXCESS_SATURATED",
+    "OperatingPoint",
+    "deployment",
+    "at_load",
+    "regime_map",
+    "classify",
+    "choose_operating_points",
+    "load_regime_map",
+    "OPERATING_POINTS",
+]
+
+#: Deployments of the paper's J = 8 A100-80GB: label -> serving groups.
+DEPLOYMENTS: dict[str, tuple[str, ...]] = {
+    "2 x TP4-PP1": ("TP4-PP1",) * 2,
+    "4 x TP2-PP1": ("TP2-PP1",) * 4,
+    "TP4-PP1 + 2 x TP2-PP1": ("TP4-PP1", "TP2-PP1", "TP2-PP1"),
+    "1 x TP4-PP2": ("TP4-PP2",),
+}
+#: Loads: multipliers of the trace's own arrival rate.
+LOADS: tuple[float, ...] = (0.2, 0.35, 0.5, 0.6, 0.65, 0.7, 0.75, 0.85, 1.0, 1.25, 1.5)
+#: Trace label -> dataset name (:data:`kvdro.datasets.REGISTRY`).
+TRACES: dict[str, str] = {"conversation": "azure-2023-conv", "code": "azure-2023-code"}
+#: Mean KV use from which a cell is memory-bound (if ``vllm`` also preempts there).
+KV_MEMORY_BOUND = 0.60
+#: Mean KV use below which (with no preemption) nothing binds.
+KV_LIGHT = 0.50
+#: Drain time after the last arrival, as a share of the arrival span, above which queues grow.
+DRAIN_SATURATED = 0.05
+#: SLO violation above the deployment's own at the lowest load from which latency has grown.
+SLO_EXCESS_SATURATED = 0.10
+#: The reservation policy simulated beside ``vllm`` in every cell, and its cost ratio.
+RESERVATION_POLICY, RESERVATION_RHO = "dro", 10.0
+
+
+def deployment(label: str, **settings) -> Deployment:
+    """The deployment ``label`` of :data:`DEPLOYMENTS`; requests are routed in proportion to the GPUs
+    of each group (a TP4 group gets twice a TP2 group's share), nothing rejected."""
+    if label not in DEPLOYMENTS:
+        raise ValueError(f"deployment: must be one of {list(DEPLOYMENTS)}, got {label!r}")
+    groups = DEPLOYMENTS[label]
+    gpus = np.array([int(g.split("-")[0][2:]) * int(g.split("-")[1][2:]) for g in groups], dtype=float)
+    return Deployment(groups=groups, default_routing=tuple(gpus / gpus.sum()), name=label, **settings)
+
+
+def at_load(test: pd.DataFrame, load: float) -> pd.DataFrame:
+    """A trace part re-zeroed in time and replayed at ``load`` times its own rate."""
+    if not (np.isfinite(load) and load > 0):
+        raise ValueError(f"load: must be a positive number, got {load!r}")
+    return test.assign(arrival_s=(test["arrival_s"] - test["arrival_s"].min()) / load)
+
+
+def _cell(test: pd.DataFrame, train: pd.DataFrame, dep: Deployment, policy: str, seed: int) -> dict:
+    from kvdro.sim.policies import policy_buffers
+    from kvdro.sim.simulate import simulate
+
+    buffers = None if policy == "vllm" else policy_buffers(policy, train, rho=RESERVATION_RHO)
+    r = simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=RESERVATION_RHO, rng=np.random.default_rng(seed))
+    m = r.metrics
+    span = float(test["arrival_s"].max() - test["arrival_s"].min())
+    end = max(o.end_ps for o in r.outputs) / 1e12
+    return {
+        "kv_mean": m["kv_utilisation_mean"],
+        "kv_peak": float((r.engines["kv_use_peak"]).max()),
+        "preemptions": m["preemptions"],
+        "slo_violation": m["slo_violation_rate"],
+        "e2e_p99_s": m["e2e_p99_s"],
+        "ttft_p99_s": m["ttft_p99_s"],
+        "goodput_rps": m["goodput_rps"],
+        "mean_batch": m["mean_batch"],
+        "drain_share": max(0.0, end - span) / span,
+        "wait_share": float(r.requests["wait_s"].mean() / r.requests["e2e_s"].mean()),
+    }
+
+
+def regime_map(traces: dict[str, pd.DataFrame], *, deployments=tuple(DEPLOYMENTS), loads=LOADS, seed: int = 0,
+               progress: bool = False) -> pd.DataFrame:
+    """One row per (trace, deployment, load): ``vllm``'s KV use, preemptions, SLO violation, P99,
+    drain share, and the soft DRO reservation's (columns ``dro_*``), then :func:`classify`."""
+    from kvdro.sim.studies import split_half
+
+    jobs = [(tn, dn, load) for tn in traces for dn in deployments for load in loads]
+    iterator = jobs
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(jobs, desc="regime map", leave=False)
+    halves = {tn: split_half(tr) for tn, tr in traces.items()}
+    rows = []
+    for tn, dn, load in iterator:
+        train, test = halves[tn]
+        test = at_load(test, load)
+        dep = deployment(dn)
+        row = {"trace": tn, "deployment": dn, "load": load, "rate_rps": (len(test) - 1) / float(test["arrival_s"].max())}
+        row.update(_cell(test, train, dep, "vllm", seed))
+        row.update({f"dro_{k}": v for k, v in _cell(test, train, dep, RESERVATION_POLICY, seed).items()})
+        rows.append(row)
+    return classify(pd.DataFrame(rows))
+
+
+def classify(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ``memory_bound``, ``saturated``, ``light`` and ``regime`` columns by the module's rules."""
+    out = frame.copy()
+    lowest = out.loc[out.groupby(["trace", "deployment"])["load"].idxmin()].set_index(["trace", "deployment"])["slo_violation"]
+    out["slo_floor"] = [lowest[(t, d)] for t, d in zip(out["trace"], out["deployment"])]
+    out["slo_excess"] = out["slo_violation"] - out["slo_floor"]
+    out["memory_bound"] = (out["kv_mean"] >= KV_MEMORY_BOUND) & (out["preemptions"] > 0)
+    out["saturated"] = (out["drain_share"] > DRAIN_SATURATED) | (out["slo_excess"] > SLO_EXCESS_SATURATED)
+    out["light"] = (out["preemptions"] == 0) & (out["kv_mean"] < KV_LIGHT) & ~out["saturated"]
+    out["regime"] = np.select(
+        [out["memory_bound"] & ~out["saturated"], out["memory_bound"] & out["saturated"], out["saturated"], out["light"]],
+        ["memory-bound", "memory-bound, saturated", "compute-saturated", "light"], default="between")
+    return out
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """A (trace, deployment, load) cell of the regime map chosen to test the paper in.
+
+    ``scale`` multiplies the trace's arrival rate (``arrival_s / scale``, as ``--scale``) of the
+    trace's second half, re-zeroed (:func:`at_load`). ``exact`` is False when no cell met the
+    regime's definition and the nearest was taken. The measured columns are ``vllm``'s.
+    """
+
+    regime: str
+    trace: str
+    dataset: str
+    deployment_label: str
+    groups: tuple[str, ...]
+    scale: float
+    exact: bool
+    kv_mean: float
+    kv_peak: float
+    preemptions: int
+    slo_violation: float
+    e2e_p99_s: float
+
+    def deployment(self, **settings) -> Deployment:
+        """The cell's :class:`~kvdro.sim.Deployment` (routing in proportion to GPUs)."""
+        return deployment(self.deployment_label, **settings)
+
+
+def _point(regime: str, row: pd.Series, exact: bool) -> OperatingPoint:
+    return OperatingPoint(
+        regime=regime, trace=str(row["trace"]), dataset=TRACES.get(str(row["trace"]), str(row["trace"])),
+        deployment_label=str(row["deployment"]), groups=DEPLOYMENTS[str(row["deployment"])], scale=float(row["load"]),
+        exact=exact, kv_mean=float(row["kv_mean"]), kv_peak=float(row["kv_peak"]), preemptions=int(row["preemptions"]),
+        slo_violation=float(row["slo_violation"]), e2e_p99_s=float(row["e2e_p99_s"]))
+
+
+def choose_operating_points(frame: pd.DataFrame, trace: str = "conversation") -> dict[str, OperatingPoint]:
+    """The rule of the module docstring applied to a regime map (e.g. ``data/sim_regimes.csv``)."""
+    f = classify(frame[frame["trace"] == trace])
+    if f.empty:
+        raise ValueError(f"trace: no cell of trace {trace!r} in the regime map")
+    points = {}
+    both = f[f["memory_bound"] & ~f["saturated"]]
+    if len(both):
+        row = both.sort_values(["slo_violation", "load"], kind="stable").iloc[0]
+        points["memory"] = _point("memory", row, True)
+    else:
+        near = f[~f["saturated"] & (f["preemptions"] > 0)]
+        if near.empty:
+            near = f[~f["saturated"]]
+        row = near.sort_values(["kv_mean", "load"], ascending=[False, True], kind="stable").iloc[0]
+        points["memory"] = _point("memory", row, False)
+    light = f[(f["deployment"] == "2 x TP4-PP1") & f["light"]]
+    if len(light):
+        points["light"] = _point("light", light.sort_values("load", kind="stable").iloc[-1], True)
+    else:
+        row = f[f["deployment"] == "2 x TP4-PP1"].sort_values("load", kind="stable").iloc[0]
+        points["light"] = _point("light", row, False)
+    return points
+
+
+def load_regime_map(path: Path | None = None) -> pd.DataFrame:
+    """The cached regime map (``data/sim_regimes.csv``); FileNotFoundError says how to make it."""
+    from kvdro.sim.studies import DATA_DIR
+
+    p = DATA_DIR / "sim_regimes.csv" if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no cached regime map; run `python -m kvdro.bench sim --regimes`")
+    return classify(pd.read_csv(p))
+
+
+_CACHE: dict[str, dict[str, OperatingPoint]] = {}
+
+
+def __getattr__(name: str):
+    """``OPERATING_POINTS``: :func:`choose_operating_points` on the cached map, computed on first use."""
+    if name == "OPERATING_POINTS":
+        if "conversation" not in _CACHE:
+            _CACHE["conversation"] = choose_operating_points(load_regime_map())
+        return _CACHE["conversation"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

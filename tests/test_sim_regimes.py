@@ -1,0 +1,66 @@
+"""kvdro.sim.regimes: the classification rules and the choice of operating points, on hand-made maps
+whose answer is known, and on the cached map."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvdro.sim import regimes
+
+
+def cell(deployment, load, kv, pre, slo, drain=0.0, trace="conversation"):
+    return {"trace": trace, "deployment": deployment, "load": load, "kv_mean": kv, "kv_peak": min(1.0, 2 * kv),
+            "preemptions": pre, "slo_violation": slo, "e2e_p99_s": 10.0 * load, "drain_share": drain}
+
+
+def test_classify_follows_the_written_rules():
+    f = regimes.classify(pd.DataFrame([
+        cell("4 x TP2-PP1", 0.2, 0.10, 0, 0.30),  # light (SLO floor 0.30)
+        cell("4 x TP2-PP1", 0.6, 0.65, 12, 0.35),  # memory-bound, latency within 10 points of the floor
+        cell("4 x TP2-PP1", 0.75, 0.70, 80, 0.45),  # memory-bound, 15 points above the floor: saturated
+        cell("4 x TP2-PP1", 1.0, 0.90, 400, 0.38, drain=0.2),  # the queue outgrows the trace
+        cell("2 x TP4-PP1", 0.2, 0.01, 0, 0.02),
+        cell("2 x TP4-PP1", 0.5, 0.55, 0, 0.05),  # no preemption but KV >= 50 %: between
+        cell("2 x TP4-PP1", 1.0, 0.20, 0, 0.60),  # compute-saturated
+    ]))
+    assert list(f["regime"]) == ["light", "memory-bound", "memory-bound, saturated", "memory-bound, saturated",
+                                 "light", "between", "compute-saturated"]
+    assert f["slo_floor"].tolist()[:4] == [0.30] * 4
+
+
+def test_operating_points_by_rule_and_the_nearest_when_none_fits():
+    rows = [cell("4 x TP2-PP1", 0.2, 0.10, 0, 0.30), cell("4 x TP2-PP1", 0.6, 0.62, 5, 0.36),
+            cell("4 x TP2-PP1", 0.65, 0.66, 9, 0.33), cell("2 x TP4-PP1", 0.2, 0.01, 0, 0.02),
+            cell("2 x TP4-PP1", 0.5, 0.04, 0, 0.08), cell("2 x TP4-PP1", 0.6, 0.05, 0, 0.16)]
+    pts = regimes.choose_operating_points(pd.DataFrame(rows))
+    assert (pts["memory"].deployment_label, pts["memory"].scale, pts["memory"].exact) == ("4 x TP2-PP1", 0.65, True)
+    assert (pts["light"].deployment_label, pts["light"].scale) == ("2 x TP4-PP1", 0.5)  # 0.6 is 14 points above the floor
+    assert pts["memory"].deployment().groups == pts["memory"].deployment().groups[:1] * 4
+    # no memory-bound stable cell: the stable preempting cell with the most KV in use, flagged
+    rows[1], rows[2] = cell("4 x TP2-PP1", 0.6, 0.49, 17, 0.34), cell("4 x TP2-PP1", 0.65, 0.62, 40, 0.50)
+    pts = regimes.choose_operating_points(pd.DataFrame(rows))
+    assert (pts["memory"].scale, pts["memory"].exact) == (0.6, False)
+    with pytest.raises(ValueError, match="trace"):
+        regimes.choose_operating_points(pd.DataFrame(rows), trace="code")
+
+
+def test_mixed_deployment_routes_by_gpus():
+    dep = regimes.deployment("TP4-PP1 + 2 x TP2-PP1")
+    assert dep.total_gpus == 8
+    assert list(dep.routing_matrix(["a"])[0]) == pytest.approx([0.0, 0.5, 0.25, 0.25])
+    with pytest.raises(ValueError, match="deployment"):
+        regimes.deployment("3 x TP2-PP1")
+
+
+def test_cached_map_covers_the_grid_and_names_both_points():
+    f = regimes.load_regime_map()
+    assert len(f) == len(regimes.TRACES) * len(regimes.DEPLOYMENTS) * len(regimes.LOADS)
+    assert not f[["kv_mean", "preemptions", "slo_violation", "e2e_p99_s"]].isna().any().any()
+    pts = regimes.OPERATING_POINTS
+    assert set(pts) == {"memory", "light"}
+    row = f[(f["trace"] == "conversation") & (f["deployment"] == pts["memory"].deployment_label)
+            & (f["load"] == pts["memory"].scale)].iloc[0]
+    assert row["preemptions"] > 0 and not row["saturated"]
+    assert f.loc[(f["deployment"] == pts["light"].deployment_label) & (f["load"] == pts["light"].scale)
+                 & (f["trace"] == "conversation"), "regime"].iloc[0] == "light"
