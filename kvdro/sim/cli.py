@@ -31,8 +31,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from kvdro.sim.policies import POLICIES
 
     s = sub.add_parser("simulate", help="simulate a trace on vLLM-semantics engines (kvdro.sim, chapter 7)")
-    s.add_argument("--trace", required=True, help="dataset name (e.g. azure-2023-conv) or path of an Azure-schema CSV")
-    s.add_argument("--policy", required=True, choices=POLICIES, help="admission policy")
+    s.add_argument("--trace", default=None, help="dataset name (e.g. azure-2023-conv) or path of an Azure-schema CSV "
+                   "(required unless --plan; with --plan it replaces the instance's test half)")
+    s.add_argument("--policy", default=None, choices=POLICIES, help="admission policy (required unless --plan)")
+    s.add_argument("--plan", default=None, help="a plan document of `python -m kvdro solve --json` (kvdro.sim.plan): "
+                   "simulate its deployment, routing, caching and buffers")
     s.add_argument("--rho", type=float, default=10.0, help="cost ratio c_p / c_w (default 10)")
     s.add_argument("--config", default=None, help="serving configuration, e.g. TP4-PP1 (default: 2 x TP4-PP1)")
     s.add_argument("--groups", type=int, default=None, help="number of groups of --config (default: as many as 8 GPUs hold)")
@@ -67,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
     from kvdro.sim import default_deployment, simulate
 
+    if args.plan is not None:
+        return _run_plan(args)
+    if args.trace is None or args.policy is None:
+        print("kvdro simulate: --trace and --policy are required unless --plan is given", file=sys.stderr)
+        return 2
     try:
         if not (np.isfinite(args.scale) and args.scale > 0):
             raise ValueError(f"--scale: must be a positive number, got {args.scale!r}")
@@ -99,4 +107,39 @@ def run(args: argparse.Namespace) -> int:
     print("  cost " + ", ".join(f"{k} {c[k]:,.0f}" for k in ("preemption", "waste", "slo", "rejection", "gpu"))
           + f"; total {c['total']:,.0f} ({c['per_second']:.2f} per s over {c['horizon_s']:.0f} s)")
     print(f"  simulated in {m['wall_s']:.2f} s")
+    return 0
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    """``simulate --plan plan.json``: the plan on its instance's test half (or ``--trace``), JSON with
+    the metric keys plus ``e2e_mean_s``, ``observed`` and the plan's ``predicted``."""
+    from kvdro.sim.plan import simulate_plan
+
+    try:
+        path = Path(args.plan)
+        if not path.is_file():
+            raise ValueError(f"--plan: {args.plan!r} is not a file")
+        try:
+            plan = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--plan: {args.plan} is not JSON ({exc})") from None
+        trace = None if args.trace is None else load_trace_arg(args.trace)
+        result, summary = simulate_plan(plan, trace, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"kvdro simulate: {exc}", file=sys.stderr)
+        return 2
+    out = dict(result.metrics)
+    out["e2e_mean_s"] = summary["observed"]["e2e_mean_s"]
+    out.update(summary)
+    if args.breakdown:
+        out["cost_breakdown"] = result.cost
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    o, p = summary["observed"], summary["predicted"] or {}
+    print(f"plan {args.plan}: {summary['deployment']}")
+    for key in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
+        pv = p.get(key)
+        print(f"  {key:<20} simulated {o[key]:10.3f}   predicted {'–' if pv is None else format(pv, '10.3f')}")
+    print(f"  cost per s: realised {o['cost_realised_per_s']:,.1f}, paper accounting {o['cost_paper_per_s']:,.1f}")
     return 0
