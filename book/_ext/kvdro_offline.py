@@ -28,8 +28,8 @@ LAYOUT_CSS = """
 span.math, div.math span.math { overflow: visible; max-width: none; }
 div.math > .MathJax_Display { overflow-x: auto; overflow-y: hidden; min-width: 0; }
 .bd-article p code.literal, .bd-article p code.literal span.pre { white-space: normal; overflow-wrap: anywhere; }
-div.kvdro-chart, div.kvdro-vega, div.kvdro-vega .vega-embed { max-width: 100%; }
-div.kvdro-vega .vega-embed svg { max-width: 100%; height: auto; }
+div.kvdro-chart, div.kvdro-vega { max-width: 100%; }
+div.kvdro-vega > svg, div.kvdro-fallback > svg { max-width: 100%; height: auto; }
 div.kvdro-vega .vega-bindings { max-width: 100%; overflow-wrap: anywhere; }
 .bd-article div.cell_output table td, .bd-article div.cell_output table th { font-variant-numeric: tabular-nums; }
 """
