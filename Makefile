@@ -24,7 +24,7 @@ CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev,sharegpt]"
 	touch $(STAMP)
 
 install: $(STAMP)
