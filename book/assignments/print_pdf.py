@@ -35,6 +35,15 @@ OFFLINE_FLAGS = [
 ]
 
 
+PRINT_CSS = """<style>
+@media print {
+  pre, pre code, .highlight pre { white-space: pre-wrap !important; word-break: break-word; overflow: visible !important; }
+  .bd-sidebar-primary, .bd-sidebar-secondary, .bd-header, .bd-header-article, .prev-next-area, footer { display: none !important; }
+  .cell_output, .output { overflow: visible !important; }
+}
+</style>"""
+
+
 def chromium() -> str | None:
     """The path of a Chromium-like browser on PATH, or None."""
     return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
@@ -49,10 +58,17 @@ def print_page(page: Path, pdf: Path, *, browser: str | None = None, budget_ms: 
         raise FileNotFoundError(f"page: {page} does not exist (build the book first)")
     pdf.parent.mkdir(parents=True, exist_ok=True)
     pdf.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory() as profile:
-        cmd = [browser, *OFFLINE_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-               f"--print-to-pdf={pdf}", page.resolve().as_uri()]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    # a copy of the page beside it (so its relative assets resolve) with print rules: code wraps
+    # instead of scrolling, and collapsed cells and the sidebars are left out
+    printable = page.with_name(page.stem + ".kvdro-print.html")
+    printable.write_text(page.read_text(encoding="utf-8").replace("</head>", PRINT_CSS + "</head>", 1), encoding="utf-8")
+    try:
+        with tempfile.TemporaryDirectory() as profile:
+            cmd = [browser, *OFFLINE_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
+                   f"--print-to-pdf={pdf}", printable.resolve().as_uri()]
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    finally:
+        printable.unlink(missing_ok=True)
     if run.returncode != 0 or not pdf.is_file() or not pdf.read_bytes().startswith(b"%PDF"):
         raise RuntimeError(f"Chromium did not print {page} to {pdf} (exit {run.returncode}):\n{run.stderr[-2000:]}")
     return pdf
