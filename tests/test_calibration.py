@@ -135,3 +135,29 @@ def test_solve_then_simulate_plan_cli(data_dir, tmp_path, capsys):
     (tmp_path / "empty.json").write_text("{}")
     assert main(["simulate", "--plan", str(tmp_path / "empty.json"), "--quiet"]) == 2
     assert "instance" in capsys.readouterr().err
+
+
+def test_loop_refits_the_band_the_plan_visits(data_dir):
+    """One turn of plan -> simulate -> recalibrate: the table's rows of the visited bands become what
+    the plan's run measured, and H/m are then read at those bands."""
+    from kvdro.calibration import at_rate, calibration_loop, measured_rows
+    from kvdro.joint.paper import paper_trace
+    from kvdro.joint.serving import band_of, group_state
+    from kvdro.sim.plan import simulate_solution
+
+    inst = paper_instance("small", 0, load=1.0, serving="calibrated")
+    train = at_rate(paper_trace("small", 0, load=1.0, part="train"), float(inst.rates.sum()))
+    loop, final, sol = calibration_loop(inst, trace=train, max_iter=1)  # one plan, then its refit
+    assert list(loop["iteration"]) == [0]
+    assert {"pred_e2e_s", "sim_e2e_s", "pred_kv", "sim_kv", "objective", "wall_s"} <= set(loop.columns)
+    assert loop["wall_s"].gt(0).all() and loop.attrs["wall_s"] >= loop["wall_s"].sum() * 0.99
+    first = solve_exact(inst)
+    u = group_state(inst, first.z, first.pi, first.delta).utilisation
+    rows = measured_rows(inst, first, simulate_solution(inst, first, train, seed=0))
+    assert not rows.empty
+    cal = calibration_for(final)
+    for _, row in rows.iterrows():
+        k = int(row["k"])
+        assert row["band"] == band_of(inst, u)[k] == cal.operating_bands[k]
+        assert cal.wait_s[k, int(row["band"])] == pytest.approx(row["wait_mean_s"], rel=1e-9)
+        assert cal.kv_ratio[k, int(row["band"])] == pytest.approx(row["kv_ratio"], rel=1e-9)
