@@ -92,9 +92,10 @@ def _residence_line(req: pd.DataFrame) -> np.ndarray:
     return coef
 
 
-def _band_row(res, req: pd.DataFrame, buffers: dict, blocks_tokens: float, horizon_s: float) -> dict:
-    """Wait, residence line and KV occupancy ratio of the requests ``req`` served by groups holding
-    ``blocks_tokens`` KV tokens in all, over ``horizon_s`` seconds."""
+def _band_row(engines: pd.DataFrame, req: pd.DataFrame, buffers: dict, blocks_tokens: float, horizon_s: float) -> dict:
+    """Wait, residence line, KV occupancy ratio and e2e-ratio deciles of the requests ``req`` served by
+    the micro-batch ``engines`` (rows of :attr:`SimResult.engines`) holding ``blocks_tokens`` KV tokens
+    in all, over ``horizon_s`` seconds."""
     done = req[req["outcome"].isin(("completed", "truncated"))]
     wait = done["wait_s"].to_numpy(dtype=float)
     a, b, c = _residence_line(req)
@@ -102,7 +103,7 @@ def _band_row(res, req: pd.DataFrame, buffers: dict, blocks_tokens: float, horiz
     H = a + b * means["L"] + c * means["xi"]
     r = means["L"] + pd.Series({k: buffers.get(k, 0.0) for k in means.index})
     formula = float((means["n"] / horizon_s * H * r).sum())
-    kv_tokens = float(np.average(res.engines["kv_use_mean"], weights=res.engines["blocks"])) * blocks_tokens
+    kv_tokens = float(np.average(engines["kv_use_mean"], weights=engines["blocks"])) * blocks_tokens
     own = wait.mean() + a + b * done["input_tokens"].to_numpy(dtype=float) + c * done["generated_tokens"].to_numpy(dtype=float)
     ratio = done["e2e_s"].to_numpy(dtype=float) / np.maximum(own, 1e-3)
     deciles = np.quantile(ratio, RATIO_LEVELS)
@@ -167,7 +168,7 @@ def measure_bands(source: str = "real", *, instance: Instance | None = None, see
                 continue
             trace = _at(train, float(u) * sat, np.random.default_rng([int(seed), 15, k, j]))
             res = simulate(trace, policy="dro", buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(0))
-            row = _band_row(res, res.requests, buffers, M, res.cost["horizon_s"])
+            row = _band_row(res.engines, res.requests, buffers, M, res.cost["horizon_s"])
             rows.append({"source": source, "config": cfg.name, "band": j, "u_edge": float(u), "rate_rps": float(u) * sat,
                          "sat_rps": float(sat), "work_scale": float(scale), **row})
             if progress:
@@ -211,12 +212,8 @@ def measured_rows(instance: Instance, solution: Solution, res) -> pd.DataFrame:
         mine = req[req["group"].isin(groups)]
         if (mine["outcome"].isin(("completed", "truncated"))).sum() < 30:
             continue
-        sub = res.engines[res.engines["group"].isin(groups)]
-
-        class _R:  # the engines of configuration k only
-            engines = sub
-
-        row = _band_row(_R, mine, buffers, float(perf.kv_capacity_tokens) * len(groups), res.cost["horizon_s"])
+        engines = res.engines[res.engines["group"].isin(groups)]
+        row = _band_row(engines, mine, buffers, float(perf.kv_capacity_tokens) * len(groups), res.cost["horizon_s"])
         rows.append({"config": perf.config.name, "band": int(bands[k]), "k": k, **row})
     return pd.DataFrame(rows)
 
