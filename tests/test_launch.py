@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import jupytext
@@ -154,3 +155,21 @@ def test_built_teaching_page_links_the_assignments_on_colab_and_for_download():
         assert nb["metadata"].get("otter"), f"{name}: the published copy is not the kit's student notebook"
         downloads = [u for u in links if u.endswith(f"/{name}.ipynb") and "_downloads" in u]
         assert downloads and all((page.parent / u).resolve().is_file() for u in downloads), f"{name}: download {downloads}"
+
+
+# ----------------------------------------------------------------------------------------- student build
+def test_student_build_hides_solutions_and_make_book_keeps_them():
+    recipe = subprocess.run(["make", "-n", "--always-make", "book-student"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    assert "['hide_solutions'] = True" in recipe and "--config _build/student/_config.yml" in recipe, recipe
+    assert "hide_solutions" not in (ROOT / "_config.yml").read_text(), "make book must keep the solutions"
+    book = subprocess.run(["make", "-n", "--always-make", "book"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "hide_solutions" not in book and "publish.py" in book, book
+
+
+def test_built_student_book_has_no_solution():
+    html = ROOT / "_build" / "student" / "html"
+    if not (html / "index.html").exists():
+        pytest.skip("no student build: run `make book-student`")
+    with_solutions = [p.relative_to(html) for p in html.rglob("*.html") if 'class="solution' in p.read_text(encoding="utf-8")]
+    assert not with_solutions, f"solutions in the student book: {with_solutions}"
