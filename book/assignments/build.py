@@ -20,8 +20,8 @@ the submission, so ``import kvdro`` works in a grading container where kvdro is 
 image (Python 3.11). The real traces are not in the zip: set ``KVDRO_DATA_DIR`` where grading runs,
 or let ``kvdro.datasets`` download them.
 
-The PDFs keep only the cells otter marks as manually graded (``otter export``'s filtering, one
-question per page) and are printed by headless Chromium from nbconvert's HTML with a local MathJax,
+The PDFs keep only the cells otter marks as manually graded (``otter export``'s filtering) and are
+printed by headless Chromium from nbconvert's HTML with a local MathJax,
 so they build offline with no LaTeX. Without Chromium (``apt-get install chromium``) they are left
 out with a warning; ``--no-pdfs`` leaves them out on purpose.
 
@@ -124,13 +124,12 @@ def written_pdf(notebook: Path, pdf: Path, browser: str) -> Path:
     from otter.export.exporters.base_exporter import BaseExporter
 
     nb = BaseExporter.load_notebook(str(notebook), filtering=True, pagebreaks=True)
-    if not any("BEGIN QUESTION" in "".join(c.source) for c in nb.cells) and len(nb.cells) < 2:
+    if not nb.cells:
         raise ValueError(f"{notebook}: no manually graded question to export")
     exporter = nbconvert.HTMLExporter(template_name="classic", exclude_input_prompt=True, exclude_output_prompt=True)
     exporter.mathjax_url = _local_mathjax()
     body, _ = exporter.from_notebook_node(nb)
-    page_break = "<style>@media print { .kvdro-break { break-after: page; } } body { margin: 0 1cm; }</style>"
-    body = body.replace("</head>", page_break + "</head>", 1)
+    body = body.replace("</head>", "<style>body { margin: 0 1cm; }</style></head>", 1)
     with tempfile.TemporaryDirectory() as tmp:
         html = Path(tmp) / f"{notebook.stem}.html"
         html.write_text(body, encoding="utf-8")
