@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COLAB = "https://colab.research.google.com"
 
 #: The first cell of a published notebook: installs kvdro (a shallow clone of the repository, so the
-#: chapters find ``data/``) when it is missing. ``{url}`` is ``repository.url`` of ``_config.yml``.
+#: chapters find ``data/``; with the ``sharegpt`` extra that chapters 1 and 7 read) when it is missing.
+#: ``{url}`` is ``repository.url`` of ``_config.yml``.
 INSTALL_CELL = '''\
 # Colab or any Jupyter outside a clone of kvdro: fetch the repository and install it (once, a few
 # minutes). Where kvdro is already installed (a clone, CI) this cell does nothing.
@@ -47,7 +48,7 @@ if importlib.util.find_spec("kvdro") is None:
     repo = pathlib.Path.home() / "kvdro"
     if not repo.exists():
         subprocess.run(["git", "clone", "--depth", "1", "{url}", str(repo)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", str(repo)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", f"{repo}[sharegpt]"], check=True)
     sys.path.insert(0, str(repo))
 '''
 INSTALL_GUARD = 'if importlib.util.find_spec("kvdro") is None:'
