@@ -5,12 +5,15 @@ Public API::
     from kvdro.sim import POLICIES, Deployment, SimResult, simulate, policy_buffers, \\
         deployment_from_solution, default_deployment
 
-- :mod:`kvdro.sim.scheduler`        -- the vLLM v0.6 scheduling rules both engines implement
+- :mod:`kvdro.sim.scheduler`        -- the vLLM v0.6 scheduling rules both engines implement, and the
+                                      soft and hard readings of a reservation
 - :mod:`kvdro.sim.engine_reference` -- step-by-step engine;  :mod:`kvdro.sim.engine_fast` -- event jumping
 - :mod:`kvdro.sim.policies`         -- ``vllm`` and the reservation buffers eta_i (max ... dro, lp1/lp2)
 - :mod:`kvdro.sim.deployment`       -- groups z, routing pi (seeded), rejection, prefix caching delta
 - :mod:`kvdro.sim.timing`           -- step durations from :func:`kvdro.hardware.step_time`
 - :mod:`kvdro.sim.metrics`          -- metrics and realised cost;  :mod:`kvdro.sim.invariants`
+- :mod:`kvdro.sim.regimes`          -- the regime map and the operating points (``OPERATING_POINTS``)
+- :mod:`kvdro.sim.studies`          -- chapter 7's sweeps;  :mod:`kvdro.sim.figures` -- its charts
 """
 
 from kvdro.sim.deployment import (

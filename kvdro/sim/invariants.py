@@ -5,6 +5,9 @@
 * **Tokens are conserved**: every request an engine received finished, with exactly its (capped)
   output length generated.
 * **No request is lost**: completed + rejected + ignored = requests in the trace.
+* **Hard reservations terminate**: a hard-capped request is readmitted with a strictly larger
+  reservation up to the context window, where it cannot overflow; an overflow at the window raises
+  :class:`InvariantError` inside the engine (both engines).
 * **Time is monotone**: arrival <= first admission < first token <= finish <= the engine's last step
   end, and every step has a positive duration (busy time <= end time).
 """
