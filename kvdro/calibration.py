@@ -218,6 +218,11 @@ def measured_rows(instance: Instance, solution: Solution, res) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _f(v) -> float:
+    """A prediction as a float (``None`` -- an overloaded group -- is infinite)."""
+    return float("inf") if v is None else float(v)
+
+
 def _plan_key(instance: Instance, sol: Solution) -> tuple:
     """What "the plan repeats" compares: groups, buffers, caching and the band each configuration visits
     (routing fractions move continuously and are compared through the bands they produce)."""
@@ -292,7 +297,7 @@ def calibration_loop(instance: Instance, *, trace: pd.DataFrame, solver=None, ma
             "wall_s": time.perf_counter() - t0,
         })
         moved = None if prev is None else max(
-            abs(pred[m] - prev[m]) / max(abs(prev[m]), 1e-9) for m in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"))
+            abs(_f(pred[m]) - _f(prev[m])) / max(abs(_f(prev[m])), 1e-9) for m in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"))
         rows[-1]["moved"] = moved
         if key in seen or (moved is not None and moved < tol):
             rows[-1]["stop"] = "plan repeats" if key in seen else f"predictions moved < {tol:.0%}"

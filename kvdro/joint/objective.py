@@ -191,10 +191,6 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
     K = instance.n_configs
     if instance.serving == "calibrated":
         cal = calibration_for(instance)
-        from kvdro.joint.serving import band_of
-
-        bands = np.clip(band_of(instance, u), 0, instance.waiting_bands - 1)
-        p0 = cal.wait_short_share[np.arange(K), bands]
         slope = cal.residence[np.arange(K), cal.operating_bands, 2]
         slope = np.broadcast_to(slope[None, :], pi.shape)
         deciles = cal.e2e_ratio[np.arange(K), cal.operating_bands]
@@ -241,7 +237,7 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
         cap += z[k] * cfg.kv_capacity_tokens
     return {
         "serving": instance.serving,
-        "e2e_mean_s": e2e,
+        "e2e_mean_s": e2e if np.isfinite(e2e) else None,  # None: some group is overloaded (u_k > u_max)
         "goodput_rps": float(good.sum()),
         "kv_utilisation_mean": float(used / cap) if cap > 0 else float("nan"),
         "per_class_e2e_mean_s": {c.name: (float(v) if np.isfinite(v) else None) for c, v in zip(instance.classes, per_class)},
