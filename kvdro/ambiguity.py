@@ -37,6 +37,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from kvdro import wasserstein
 from kvdro.newsvendor import (
+    SolverError,
     _finite_scalar,
     as_samples,
     check_costs,
@@ -121,8 +122,6 @@ def _solve_conic(problem, what: str) -> float:
     (the LP settings of :mod:`kvdro.newsvendor` are tighter than these cones reach); raise
     :class:`kvdro.errors.SolverError` with the status unless it is ``optimal``."""
     import cvxpy as cp
-
-    from kvdro.errors import SolverError
 
     try:
         problem.solve(solver="CLARABEL")
