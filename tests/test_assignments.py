@@ -134,13 +134,16 @@ def test_written_questions_have_a_rubric_and_pdfs(kit, name):
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_first_code_cell_installs_kvdro_only_where_missing(name):
-    """Colab: the first code cell clones this repository (the URL of _config.yml) and installs it, guarded by
+def test_first_code_cell_installs_kvdro_only_where_missing(kit, name):
+    """Colab: the first code cell of the master and of the student notebook (before otter's ``import otter``)
+    clones this repository (the URL of _config.yml) and installs it with otter-grader, guarded by
     ``find_spec("kvdro") is None`` so that it does nothing in a clone, in CI or in the autograder."""
     import yaml
 
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     first = next(c for c in jupytext.read(build.masters()[name]).cells if c.cell_type == "code").source
+    student = json.loads((kit / name / "student" / f"{name}.ipynb").read_text())
+    assert "".join(student["cells"][0]["source"]) == first, "the student notebook must start with the install cell"
     assert 'if importlib.util.find_spec("kvdro") is None:' in first and f'"{url}"' in first, first
     assert "otter-grader==7.0.0" in first and "otter-grader==7.0.0" in (ROOT / "pyproject.toml").read_text()
     env: dict = {}

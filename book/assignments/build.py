@@ -142,6 +142,19 @@ def written_pdf(notebook: Path, pdf: Path, browser: str) -> Path:
     return pdf
 
 
+INSTALL_GUARD = 'if importlib.util.find_spec("kvdro") is None:'
+
+
+def _install_cell_first(notebook: Path) -> None:
+    """Move the master's install cell (guarded by :data:`INSTALL_GUARD`) before otter's ``import otter``
+    cell, so that a student notebook opened on Colab installs kvdro and otter-grader before using them."""
+    nb = nbformat.read(notebook, as_version=4)
+    found = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and INSTALL_GUARD in c.source]
+    if found:
+        nb.cells.insert(0, nb.cells.pop(found[0]))
+        nbformat.write(nb, notebook)
+
+
 def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     """Build one assignment into ``out/name``; return its summary (paths, questions, points)."""
     target = out / name
@@ -160,6 +173,7 @@ def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     if len(zips) != 1:
         raise RuntimeError(f"otter assign wrote {len(zips)} autograder zips for {name}, expected 1")
     zips[0].rename(target / "autograder" / f"{name}-autograder.zip")
+    _install_cell_first(target / "student" / f"{name}.ipynb")
     shutil.rmtree(src / "kvdro")
     qs = questions(master)
     written = []
