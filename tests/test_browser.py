@@ -463,10 +463,11 @@ SLIVER_TABLE = ('<div style="width:60px"><table id="kvdro-sliver"><tr><td>kvdro-
 
 
 def test_layout_measurement_catches_a_wide_equation_and_chart(pages):
-    """Inject an equation and a chart too wide for any column into a copy of a page: both reported."""
+    """Inject an equation and a chart too wide for any column into a copy of a page: both reported.
+    (The book's CSS scales a chart's SVG down to the column; the injected one opts out of it.)"""
     page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
     wide_math = '<div class="math notranslate nohighlight" id="kvdro-wide-eq">\\[' + " + ".join(f"x_{{{i}}}" for i in range(120)) + "\\]</div>"
-    wide_chart = '<div class="kvdro-chart" id="kvdro-chart-wide" data-kvdro-rendered="vega"><div class="kvdro-vega"><svg width="1500" height="20"></svg></div></div>'
+    wide_chart = '<div class="kvdro-chart" id="kvdro-chart-wide" data-kvdro-rendered="vega"><div class="kvdro-vega"><svg width="1500" height="20" style="max-width:none"></svg></div></div>'
     layout = measured_layout(page, LAPTOP_PX, inject=wide_math + wide_chart)
     found = overflows(layout)
     assert any("kvdro-wide-eq" in f for f in found), found
