@@ -64,3 +64,28 @@ def test_cached_map_covers_the_grid_and_names_both_points():
     assert row["preemptions"] > 0 and not row["saturated"]
     assert f.loc[(f["deployment"] == pts["light"].deployment_label) & (f["load"] == pts["light"].scale)
                  & (f["trace"] == "conversation"), "regime"].iloc[0] == "light"
+
+
+def test_resemblance_is_one_for_a_scaled_copy_and_lower_for_a_flat_one():
+    from kvdro.sim.studies import resemblance
+
+    paper = {"dro": (1270, 3083, 4807), "p90": (1852, 3095, 17080), "mean": (1275, 4666, 42811), "max": (4752, 4756, 4807)}
+    rows = [{"policy": p, "rho": r, "cost": 3.0 * v[i]} for p, v in paper.items() for i, r in enumerate((2.0, 10.0, 100.0))]
+    same = resemblance(pd.DataFrame(rows), paper)
+    assert same["spearman"] == pytest.approx(1.0) and same["log10_error"] == pytest.approx(0.0, abs=1e-12)
+    assert same["growth_spearman"] == pytest.approx(1.0) and same["growth_log10_error"] == pytest.approx(0.0, abs=1e-12)
+    flat = pd.DataFrame([{"policy": p, "rho": r, "cost": v[0]} for p, v in paper.items() for r in (2.0, 10.0, 100.0)])
+    looks = resemblance(flat, paper)
+    assert looks["spearman"] < 0.8 and looks["growth_spearman"] == 0.0 and looks["growth_log10_error"] > 0.1
+    with pytest.raises(ValueError, match="costs"):
+        resemblance(flat[flat["rho"] != 100.0], paper)
+
+
+def test_regime_chart_has_one_cell_per_load_and_deployment():
+    from kvdro.sim.figures import regime_chart
+
+    rows = [cell(d, load, 0.1 * k, k, 0.1) for k, d in enumerate(("2 x TP4-PP1", "4 x TP2-PP1")) for load in (0.2, 0.5)]
+    chart = regime_chart(regimes.classify(pd.DataFrame(rows)), trace="conversation", marked={"light": ("2 x TP4-PP1", 0.5)})
+    spec = chart.to_dict()
+    data = [d for d in spec["datasets"].values()]
+    assert sorted(len(d) for d in data) == [1, 4]

@@ -229,9 +229,13 @@ def resemblance(costs: pd.DataFrame, paper: dict[str, tuple]) -> dict[str, float
     Returns the Spearman rank correlation of the 24 (policy, rho) costs with the paper's, and the
     median absolute log10 error after the best single scale factor (the units differ), and the same
     for the growth cost(rho = 100) / cost(rho = 2) of each policy (the paper's signature: Mean x34,
-    Max x1.0).
+    Max x1.0). A rank correlation with a constant side (e.g. no cost grows) is reported as 0: no
+    resemblance, rather than NaN.
     """
     from scipy.stats import spearmanr
+
+    def rank_corr(a: np.ndarray, b: np.ndarray) -> float:
+        return float(spearmanr(a, b)[0]) if np.ptp(a) > 0 and np.ptp(b) > 0 else 0.0
 
     rhos = (2.0, 10.0, 100.0)
     sim = costs.set_index(["policy", "rho"])["cost"]
@@ -243,8 +247,8 @@ def resemblance(costs: pd.DataFrame, paper: dict[str, tuple]) -> dict[str, float
     shift = np.median(y - x)
     gx = np.array([np.log10(max(sim[(p, 100.0)], 1e-9) / max(sim[(p, 2.0)], 1e-9)) for p in pol])
     gy = np.array([np.log10(paper[p][2] / paper[p][0]) for p in pol])
-    return {"spearman": float(spearmanr(x, y)[0]), "log10_error": float(np.median(np.abs(y - x - shift))),
-            "growth_spearman": float(spearmanr(gx, gy)[0]), "growth_log10_error": float(np.median(np.abs(gy - gx)))}
+    return {"spearman": rank_corr(x, y), "log10_error": float(np.median(np.abs(y - x - shift))),
+            "growth_spearman": rank_corr(gx, gy), "growth_log10_error": float(np.median(np.abs(gy - gx)))}
 
 
 def blocks_timeline(requests: pd.DataFrame, *, blocks: int, reserve_tokens: dict | None = None,
