@@ -323,6 +323,9 @@ def calibration_loop(instance: Instance, *, trace: pd.DataFrame, solver=None, ma
 
 #: (size, load) cells of the agreement study.
 AGREEMENT_CELLS = (("small", 0.5), ("small", 1.0), ("large", 0.5), ("large", 1.0))
+#: Further test realisations of the large instance's synthetic traffic (``paper_trace(trace_seed=...)``);
+#: the small instance has one test half, the Azure hour's second half.
+EXTRA_TRACE_SEEDS = (1, 2, 3)
 
 
 def plan_for(size: str, load: float, serving: str, *, seed: int = 0, max_iter: int = 6):
@@ -353,8 +356,10 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
     """For each (size, load) and serving model: the plan, its prediction and its simulation on the
     instance's test half.
 
-    Returns (metrics, plans, loops): ``metrics`` tidy rows (size, load, serving, scope = "all" or a
-    class name, metric, predicted, simulated); ``plans`` one row per plan (configuration, buffers,
+    Returns (metrics, plans, loops): ``metrics`` tidy rows (size, load, serving, trace_seed, scope =
+    "all" or a class name, metric, predicted, simulated; ``trace_seed`` = ``seed`` for the instance's
+    own test half, :data:`EXTRA_TRACE_SEEDS` for further realisations of the large instance's traffic,
+    overall metrics only); ``plans`` one row per plan (configuration, buffers,
     rejected share, cached pairs, model objective, realised and paper-accounting cost per second,
     routing distance to the analytic plan); ``loops`` the calibration loops' iterations.
     """
@@ -375,19 +380,25 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
             res = simulate_solution(inst, sol, test, seed=seed)
             obs = observed(inst, res)
             for m in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
-                metrics.append({"size": size, "load": load, "serving": serving, "scope": "all", "metric": m,
+                metrics.append({"size": size, "load": load, "serving": serving, "trace_seed": seed, "scope": "all", "metric": m,
                                 "predicted": pred[m], "simulated": obs[m], "predicted_at_test_rates": at_test[m]})
             for c in inst.classes:
-                metrics.append({"size": size, "load": load, "serving": serving, "scope": c.name, "metric": "e2e_mean_s",
+                metrics.append({"size": size, "load": load, "serving": serving, "trace_seed": seed, "scope": c.name, "metric": "e2e_mean_s",
                                 "predicted": pred["per_class_e2e_mean_s"][c.name], "simulated": obs["per_class_e2e_mean_s"][c.name],
                                 "predicted_at_test_rates": at_test["per_class_e2e_mean_s"][c.name]})
-                metrics.append({"size": size, "load": load, "serving": serving, "scope": c.name, "metric": "goodput_rps",
+                metrics.append({"size": size, "load": load, "serving": serving, "trace_seed": seed, "scope": c.name, "metric": "goodput_rps",
                                 "predicted": pred["per_class_goodput_rps"][c.name], "simulated": obs["per_class_goodput_rps"][c.name],
                                 "predicted_at_test_rates": at_test["per_class_goodput_rps"][c.name]})
             row = {"size": size, "load": load, "serving": serving, **_describe_plan(inst, sol),
                    "objective": float(evaluate(inst, sol).total), "cost_realised_per_s": obs["cost_realised_per_s"],
                    "cost_paper_per_s": obs["cost_paper_per_s"], "plan_s": plan_s,
                    "loop_iterations": 1 if loop is None else len(loop)}
+            if size == "large":
+                for ts in EXTRA_TRACE_SEEDS:
+                    extra = observed(inst, simulate_solution(inst, sol, paper_trace(size, seed, load=load, trace_seed=ts), seed=seed))
+                    for m in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
+                        metrics.append({"size": size, "load": load, "serving": serving, "trace_seed": ts, "scope": "all",
+                                        "metric": m, "predicted": pred[m], "simulated": extra[m]})
             if base is None:
                 base = sol
                 row["routing_l1_vs_analytic"] = 0.0

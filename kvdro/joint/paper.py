@@ -185,7 +185,8 @@ def _draw(size: str, seed: int, load: float):
 LARGE_TRACE_S = 3600.0
 
 
-def paper_trace(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOAD, part: str = "test"):
+def paper_trace(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOAD, part: str = "test",
+                trace_seed: int | None = None):
     """The instance's own trace, cut in time: ``part="train"`` the first half, ``"test"`` the second
     (arrivals re-based to 0 s), in the tidy schema with the instance's class names.
 
@@ -194,7 +195,8 @@ def paper_trace(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOA
       (the instance's rates are the trace's times ``load``).
     * ``"large"``: a synthetic trace of :data:`LARGE_TRACE_S` seconds drawn from the instance's
       15 class models (Gamma arrivals with each class's CV, its rate at ``load``), seeded by
-      ``[seed, 16]`` (independent of the instance's samples).
+      ``[trace_seed, 16]`` (default ``trace_seed = seed``; independent of the instance's samples);
+      another ``trace_seed`` gives another realisation of the same instance's traffic.
     """
     import pandas as pd
 
@@ -216,7 +218,8 @@ def paper_trace(size: str = "small", seed: int = 0, *, load: float = DEFAULT_LOA
         df["arrival_s"] = (df["arrival_s"] - df["arrival_s"].min()) / load
     else:
         _, models = _draw(size, int(seed), load)
-        df = synthesize_trace(models, LARGE_TRACE_S, np.random.default_rng([int(seed), 16]))
+        ts = int(seed) if trace_seed is None else int(trace_seed)
+        df = synthesize_trace(models, LARGE_TRACE_S, np.random.default_rng([ts, 16]))
     t = df["arrival_s"].to_numpy(dtype=float)
     cut = t.min() + 0.5 * (t.max() - t.min())
     out = df[t < cut] if part == "train" else df[t >= cut]
