@@ -23,7 +23,8 @@ CSS_FILE = "kvdro-layout.css"
 # the scroll container, and let long inline code (file paths) wrap (tests/test_browser.py checks that
 # nothing is clipped at a phone width). Charts are drawn at a fixed width (kvdro.plotting.WIDTH, to
 # fit a laptop's column); on a narrower screen their SVG (which has a viewBox) scales down with the
-# column instead of losing its right-hand panel. Numbers in output tables use tabular figures.
+# column instead of losing its right-hand panel. Output tables (pandas and Styler) get cell padding,
+# right-aligned tabular figures and a rule under the header, so that numbers never run together.
 LAYOUT_CSS = """
 span.math, div.math span.math { overflow: visible; max-width: none; }
 div.math > .MathJax_Display { overflow-x: auto; overflow-y: hidden; min-width: 0; }
@@ -31,7 +32,11 @@ div.math > .MathJax_Display { overflow-x: auto; overflow-y: hidden; min-width: 0
 div.kvdro-chart, div.kvdro-vega { max-width: 100%; }
 div.kvdro-vega > svg, div.kvdro-fallback > svg { max-width: 100%; height: auto; }
 div.kvdro-vega .vega-bindings { max-width: 100%; overflow-wrap: anywhere; }
-.bd-article div.cell_output table td, .bd-article div.cell_output table th { font-variant-numeric: tabular-nums; }
+.bd-article div.cell_output table { border-collapse: collapse; margin: 0.4em 0; }
+.bd-article div.cell_output table td, .bd-article div.cell_output table th {
+  font-variant-numeric: tabular-nums; padding: 0.15em 0.45em; text-align: right; vertical-align: top; }
+.bd-article div.cell_output table thead th { border-bottom: 1px solid var(--pst-color-border); }
+.bd-article div.cell_output table caption { caption-side: top; text-align: left; font-size: 0.9em; }
 """
 MATHJAX_DIR = "mathjax"
 MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
