@@ -36,6 +36,7 @@ div.kvdro-vega .vega-bindings { max-width: 100%; overflow-wrap: anywhere; }
 .bd-article div.cell_output table td, .bd-article div.cell_output table th {
   font-variant-numeric: tabular-nums; padding: 0.15em 0.45em; text-align: right; vertical-align: top; }
 .bd-article div.cell_output table thead th { border-bottom: 1px solid var(--pst-color-border); }
+.bd-article div.cell_output table tbody th { text-align: left; }
 .bd-article div.cell_output table caption { caption-side: top; text-align: left; font-size: 0.9em; }
 """
 MATHJAX_DIR = "mathjax"
