@@ -78,3 +78,20 @@ def test_experiments_json(data_dir, tmp_path, experiment):
                        f"experiments {experiment} --quick")
     assert out["experiment"] == experiment and out["quick"] is True
     assert out["rows"] and out["verdicts"]
+
+
+def test_scaled_solve_json(data_dir):
+    out = one_document(run_json(["-m", "kvdro", "solve", "--instance", "scaled", "--classes", "3", "--gpus", "8",
+                                 "--method", "bcd", "--seed", "0"], {"KVDRO_DATA_DIR": str(data_dir)}),
+                       "solve --instance scaled")
+    assert len(out["solution"]["r"]) == 3
+
+
+def test_solve_then_simulate_plan_json(data_dir, tmp_path):
+    env = {"KVDRO_DATA_DIR": str(data_dir)}
+    plan = one_document(run_json(["-m", "kvdro", "solve", "--instance", "small", "--method", "exact",
+                                  "--serving", "calibrated", "--seed", "0"], env), "solve --serving calibrated")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    out = one_document(run_json(["-m", "kvdro", "simulate", "--plan", str(path), "--seed", "0"], env), "simulate --plan")
+    assert out["predicted"] == plan["predicted"] and "observed" in out
