@@ -34,7 +34,7 @@ def toy_trace(rng, n=400, rate=4.0, classes=("a", "b")) -> pd.DataFrame:
 
 def test_public_api_names():
     assert POLICIES == ("vllm", "max", "mean", "p90", "p95", "p99", "saa", "dro", "lp1", "lp2")
-    assert len(METRIC_KEYS) == 18
+    assert len(METRIC_KEYS) == 19 and METRIC_KEYS[-1] == "e2e_mean_s"
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -47,6 +47,7 @@ def test_every_policy_runs_and_accounts_for_every_request(policy, rng):
     assert m["completed"] + m["rejected"] + m["ignored"] == len(tr)
     assert len(r.requests) == len(tr) and (r.requests.index == tr.index).all()
     done = r.requests["outcome"].isin(["completed", "truncated"])
+    assert m["e2e_mean_s"] == pytest.approx(r.requests.loc[done, "e2e_s"].mean(), rel=1e-12)
     assert (r.requests.loc[done, "generated_tokens"] == np.maximum(1, tr.loc[done, "output_tokens"])).all()
     assert np.isclose(m["cost_total"], sum(r.cost[k] for k in ("preemption", "waste", "slo", "rejection", "gpu")))
     assert np.isclose(r.cost["preemption"], 10.0 * m["recomputed_tokens"])

@@ -41,6 +41,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "completed", "rejected", "ignored", "truncated", "preemptions", "recomputed_tokens",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s", "slo_violation_rate",
     "goodput_rps", "throughput_tok_s", "mean_batch", "kv_utilisation_mean", "cost_total", "wall_s",
+    "e2e_mean_s",
 )
 #: Terms of ``cost_total``.
 COST_TERMS: tuple[str, ...] = ("preemption", "waste", "slo", "rejection", "gpu")
@@ -120,6 +121,7 @@ def compute_metrics(requests: pd.DataFrame, engines: list, costs: Mapping[str, f
         "kv_utilisation_mean": float(kvi / (blocks * horizon_ps)) if horizon_ps > 0 and blocks else 0.0,
         "cost_total": total,
         "wall_s": float(wall_s),
+        "e2e_mean_s": float(e2e.mean()) if e2e.size else float("nan"),
     }
     breakdown = dict(cost)
     breakdown.update({
