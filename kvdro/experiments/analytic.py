@@ -110,7 +110,8 @@ def fig2b(
 ) -> pd.DataFrame:
     """Figure 2(b): the level of the DRO buffer on the data against ``q* = rho/(rho+1)``.
 
-    Columns: ``level_train`` = F_train(eta_DRO) (in-sample, what the paper plots), ``level_test`` =
+    Columns: ``level_train`` = F_train(eta_DRO) (in-sample, what the paper plots), ``level_below`` =
+    F_train(eta_DRO-) (the level just below the atom at eta), ``level_test`` =
     F_test(eta_DRO) (out-of-sample), ``is_saa`` (DRO buffer = SAA buffer) and ``threshold`` =
     the radius eps* below which they coincide (:func:`kvdro.wasserstein.saa_threshold_radius`),
     in units of E[xi].
@@ -129,6 +130,7 @@ def fig2b(
                     "q_star": newsvendor.critical_fractile(rho),
                     "eta": eta,
                     "level_train": float(np.mean(x_train <= eta)),
+                    "level_below": float(np.mean(x_train < eta)),
                     "level_test": float(np.mean(x_test <= eta)),
                     "is_saa": eta == newsvendor.saa_reservation(x_train, rho, 1.0),
                     "threshold": wasserstein.saa_threshold_radius(x_train, rho, 1.0, L) / mean,

@@ -44,6 +44,8 @@ DEPENDENCIES: tuple[str, ...] = (
     "experiments/traces.py",
     "experiments/sweeps.py",
     "experiments/analytic.py",
+    "experiments/regimes.py",
+    "experiments/uncertainty.py",
 )
 
 _PACKAGE = Path(__file__).resolve().parents[1]

@@ -6,9 +6,10 @@
 * ``"light"`` -- the contrast, the book's earlier operating point: 2 x TP4-PP1 at half the traces'
   rate, where the KV cache averages 4-8 % full and nothing preempts.
 
-When the simulator exposes its own regime map (``kvdro.sim.regimes.OPERATING_POINTS``), its points
-are used (:func:`operating_point` reads the configuration, the number of groups and the load from it);
-otherwise the values above. ``load`` is a multiple of each trace's own arrival rate.
+The simulator's regime map (``kvdro.sim.regimes.OPERATING_POINTS``, chapter 7) names the points;
+:func:`operating_point` reads the configuration, the number of groups and the load from it, and falls
+back to the values above only if that map is missing. ``load`` is a multiple of each trace's own
+arrival rate.
 """
 
 from __future__ import annotations
@@ -60,9 +61,14 @@ def _from_simulator(regime: str) -> OperatingPoint | None:
     if not points or regime not in points:
         return None
     p = points[regime]
-    config = _field(p, "config", "configuration")
     groups = _field(p, "groups", "n_groups")
     load = _field(p, "load", "scale", "rate_scale")
+    config = _field(p, "config", "configuration")
+    if isinstance(groups, (tuple, list)):  # the simulator's form: one configuration name per group
+        names = {getattr(g, "name", g) for g in groups}
+        if len(names) != 1:
+            return None  # a mixed deployment is not one of our (config, groups) points
+        config, groups = names.pop(), len(groups)
     if config is None or groups is None or load is None:
         return None
     config = getattr(config, "name", config)

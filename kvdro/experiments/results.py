@@ -10,15 +10,21 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["COMMANDS", "DATA", "path", "read"]
+__all__ = ["COMMANDS", "DATA", "REGIME_SWEEPS", "path", "read"]
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
+#: Sweeps run in each regime (file ``experiments_<name>_<regime>.csv``).
+REGIME_SWEEPS = ("table2", "table4", "fig3", "fig5a", "fig5b", "table5", "fig6")
+
 #: The command that regenerates each cached file.
 COMMANDS = {
-    name: f"python -m kvdro.bench experiments --only {name}"
-    for name in ("table2", "table4", "fig3", "fig5a", "fig5b", "table5", "fig6", "eps_joint")
+    f"{name}_{regime}": f"python -m kvdro.bench experiments --only {name} --regime {regime} --n-jobs 2"
+    for name in REGIME_SWEEPS for regime in ("memory", "light")
 }
+COMMANDS["eps_joint"] = "python -m kvdro.bench experiments --only eps_joint"
+for _name in ("table2", "table4"):
+    COMMANDS[f"{_name}_memory_hard"] = f"python -m kvdro.bench experiments --only {_name}_hard --n-jobs 2"
 
 
 def path(name: str) -> Path:
@@ -28,8 +34,11 @@ def path(name: str) -> Path:
     return DATA / f"experiments_{name}.csv"
 
 
-def read(name: str) -> pd.DataFrame:
-    """The cached rows of sweep ``name``; FileNotFoundError names the command that makes them."""
+def read(name: str, regime: str | None = None, reading: str = "soft") -> pd.DataFrame:
+    """The cached rows of sweep ``name`` (in ``regime``, for the simulated sweeps; ``reading="hard"``
+    for the hard-reservation sensitivity); FileNotFoundError names the command that makes them."""
+    if regime is not None:
+        name = f"{name}_{regime}" + ("_hard" if reading == "hard" else "")
     p = path(name)
     if not p.is_file():
         raise FileNotFoundError(f"{p} is missing: run `{COMMANDS[name]}`")

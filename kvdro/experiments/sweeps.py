@@ -4,9 +4,9 @@ and :mod:`kvdro.bcd`, returning a tidy DataFrame (one row per simulation).
 Two kinds of sweep cell, both module-level functions run by :func:`kvdro.experiments.runner.run_sweep`
 (parallel, cached):
 
-* :func:`policy_cell` -- a reservation *policy* (:data:`kvdro.sim.POLICIES`) on the simulator's
-  default deployment (2 x TP4-PP1 on J = 8 A100-80GB): buffers fitted on the training part of a
-  trace, the test part served (Tables II and IV, Figures 3(a) and 5(b)).
+* :func:`policy_cell` -- a reservation *policy* (:data:`kvdro.sim.POLICIES`) on the deployment of a
+  regime (on J = 8 A100-80GB): buffers fitted on the training part of a trace, the test part served
+  (Tables II and IV, Figures 3(a) and 5(b)).
 * :func:`plan_cell` -- a *plan* of the joint problem (z, r, pi, delta) by BCD-DRO (or a variant of
   the ablation) fitted on the training part of the heterogeneous trace (code + conversation, three
   input-length sub-classes each: 6 classes), deployed as it is (Table V, Figure 6).
@@ -24,14 +24,22 @@ Costs. Two accountings, both reported (the chapter explains why they differ):
 Both are also given per served request (``*_per_req``), the unit of the tables. Units: cost units
 with c_w = 1 per token (c_p = rho, c_slo = 5 per second late, c_rej = 5000, c_gpu = 100 per GPU-second).
 
-Operating point. ``load`` multiplies the trace's arrival rate; the default 0.5 is
-:data:`kvdro.joint.paper.DEFAULT_LOAD` (at 1.0 eight A100s cannot carry the Azure traces). The SLO
-D_i of a class is fixed from its *training* outputs (:func:`kvdro.workload.default_slo_s`), so a
-shifted test trace is judged against the contract, not against itself.
+Operating point. Every sweep runs in one *regime* (:mod:`kvdro.experiments.regimes`): ``"memory"``
+(4 x TP2-PP1 at 0.6 of the trace's rate, memory-bound; the primary test) or ``"light"`` (2 x TP4-PP1
+at 0.5, nothing binds; the contrast). ``load`` multiplies the trace's arrival rate (default: the
+regime's). Plans (Table V, Figure 6) are made at the regime's load and deploy what the planner
+chooses. The SLO D_i of a class is fixed from its *training* outputs
+(:func:`kvdro.workload.default_slo_s`), so a shifted test trace is judged against the contract.
+
+Uncertainty. Each run also stores per-time-block sums (``blk_nv``, ``blk_total``, ``blk_served``;
+plans also a latency histogram ``blk_e2e_hist``) for the paired block bootstrap of
+:mod:`kvdro.experiments.uncertainty`, and ``cpu_s``, the CPU seconds the cell took (the benchmark's
+budget; not written to the cached CSVs). Synthetic twins run :data:`TWIN_SEEDS` seeds.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
@@ -40,13 +48,16 @@ import numpy as np
 import pandas as pd
 
 from kvdro.experiments import traces as tr
+from kvdro.experiments import uncertainty as unc
+from kvdro.experiments.regimes import operating_point
 from kvdro.hardware import BLOCK_TOKENS
 from kvdro.experiments.runner import run_sweep
 
 __all__ = [
     "ABLATION",
     "DEFAULT_LOAD",
-    "LOADS",
+    "LOAD_FACTORS",
+    "TWIN_SEEDS",
     "QUICK_TEST_S",
     "RHOS_TABLE2",
     "RHOS_TABLE4",
@@ -68,8 +79,11 @@ DEFAULT_LOAD = 0.5
 QUICK_TEST_S = 300.0
 RHOS_TABLE2 = (2, 5, 10, 20, 50, 100)
 RHOS_TABLE4 = (2, 10, 100)
-LOADS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
-SHIFTS = (1.0, 1.5, 2.0, 2.5, 3.0)
+#: Figure 3(a)'s arrival rates, as multiples of the regime's load.
+LOAD_FACTORS = (0.5, 1.0, 1.5)
+#: Synthetic-twin seeds of a full sweep (>= 10: the interval over twins is a bootstrap over seeds).
+TWIN_SEEDS = tuple(range(10))
+SHIFTS = (1.0, 2.0, 3.0)
 #: Table V's variants: the full plan and three ablations.
 ABLATION = ("bcd-dro", "no-routing", "no-dro", "no-prefix")
 #: Output-length cap of a shifted trace [tokens] (a generation limit; None = no cap).
@@ -94,8 +108,53 @@ def _test_part(trace: str, seed: int, *, quick: bool, load: float, shift: float,
     return parts.train, test
 
 
-def _summary(res, n_requests: int) -> dict:
-    """Metrics + both cost accountings of one simulation (see module docstring)."""
+def _blocks(res, *, hist: bool = False) -> dict[str, str]:
+    """Per time block of the served trace (:mod:`kvdro.experiments.uncertainty`): the newsvendor term,
+    the paper's total (newsvendor + SLO + rejection + GPU; the GPU term shared by arrivals), the
+    requests served and, with ``hist``, a latency histogram of the served requests."""
+    c = res.cost
+    req = res.requests
+    blk = unc.block_index(req["arrival_s"].to_numpy())
+    outcome = req["outcome"].to_numpy()
+    served = np.isin(outcome, ["completed", "truncated"])
+    L = req["input_tokens"].to_numpy()
+    gen = req["generated_tokens"].to_numpy()
+    if res.policy == "vllm":
+        over = np.maximum(0, L + gen - (-(-L // BLOCK_TOKENS) * BLOCK_TOKENS))
+    else:
+        over = req["overflow_tokens"].to_numpy(dtype=float)
+    waste = req["waste_tokens"].to_numpy(dtype=float)
+    nv = np.where(served, c["c_p"] * over + c["c_w"] * waste, 0.0)
+    e2e = req["e2e_s"].to_numpy(dtype=float)
+    late = np.where(served, np.maximum(0.0, np.nan_to_num(e2e - req["slo_s"].to_numpy(dtype=float))), 0.0)
+    rej = np.where(np.isin(outcome, ["rejected", "ignored"]), c["c_rej"], 0.0)
+    total = nv + c["c_slo"] * late + rej + c["gpu"] / len(req)
+    out = {
+        "blk_nv": unc.encode(unc.block_sums(blk, nv)),
+        "blk_total": unc.encode(unc.block_sums(blk, total)),
+        "blk_served": unc.encode(unc.block_sums(blk, served.astype(float))),
+    }
+    if hist:
+        h = np.zeros((unc.N_BLOCKS, len(unc.LATENCY_BINS) - 1))
+        k = np.clip(np.searchsorted(unc.LATENCY_BINS, e2e[served], side="right") - 1, 0, h.shape[1] - 1)
+        np.add.at(h, (blk[served], k), 1.0)
+        out["blk_e2e_hist"] = unc.encode(h)
+    return out
+
+
+def _simulate(test, *, reservation: str | None = None, **kw):
+    """:func:`kvdro.sim.simulate`, with ``reservation=`` passed only when asked (the simulator's
+    soft/hard switch; ``None`` keeps its default)."""
+    from kvdro.sim import simulate
+
+    if reservation is not None:
+        kw["reservation"] = reservation
+    return simulate(test, **kw)
+
+
+def _summary(res, n_requests: int, *, hist: bool = False) -> dict:
+    """Metrics + both cost accountings of one simulation (see module docstring), and the per-block
+    sums the bootstrap needs."""
     m = {k: v for k, v in res.metrics.items() if k != "wall_s"}
     c = res.cost
     req = res.requests
@@ -134,6 +193,7 @@ def _summary(res, n_requests: int) -> dict:
             "buffer_mean": float(np.nanmean(req["buffer_tokens"].to_numpy(dtype=float)[served])) if res.policy != "vllm" else 0.0,
         }
     )
+    out.update(_blocks(res, hist=hist))
     return out
 
 
@@ -146,22 +206,30 @@ def policy_cell(
     seed: int,
     policy: str,
     rho: float,
-    load: float = DEFAULT_LOAD,
+    regime: str = "light",
+    load: float | None = None,
     shift: float = 1.0,
     quick: bool = False,
     eps_fraction: float = 0.15,
     max_num_seqs: int = 256,
+    reservation: str | None = None,
 ) -> dict:
     """Fit ``policy``'s buffers on the training part of ``trace``, serve the test part (arrival rate x
-    ``load``, outputs x ``shift``) on the default deployment (vLLM's ``max_num_seqs`` sequences per
-    engine; raise it to let KV memory, not the sequence cap, bound the batch); metrics and costs."""
-    from kvdro.sim import default_deployment, policy_buffers, simulate
+    ``load``, default the regime's; outputs x ``shift``) on the deployment of ``regime``
+    (:func:`kvdro.experiments.regimes.operating_point`; vLLM's ``max_num_seqs`` sequences per
+    engine); metrics, costs and per-block sums. ``reservation`` is the simulator's reading of a
+    reservation (soft/hard; ``None``: its default)."""
+    from kvdro.sim import default_deployment, policy_buffers
 
+    t0 = time.process_time()
+    point = operating_point(regime)
+    load = point.load if load is None else load
     train, test = _test_part(trace, seed, quick=quick, load=load, shift=shift)
     buffers = policy_buffers(policy, train, rho=rho, eps_fraction=eps_fraction)
-    dep = default_deployment(slo_s=_slo_map(train), max_num_seqs=int(max_num_seqs))
-    res = simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 1]))
-    return _summary(res, len(test))
+    dep = default_deployment(config=point.config, groups=point.groups, slo_s=_slo_map(train), max_num_seqs=int(max_num_seqs))
+    res = _simulate(test, reservation=reservation, policy=policy, buffers=buffers, deployment=dep, rho=rho,
+                    rng=np.random.default_rng([int(seed), 1]))
+    return _summary(res, len(test)) | {"cpu_s": time.process_time() - t0}
 
 
 def _policy_sweep(cells: list[dict], n_jobs, progress, desc) -> pd.DataFrame:
@@ -177,7 +245,7 @@ def _traces(quick: bool, traces: Sequence[str] | None) -> tuple[str, ...]:
 def _seeds(quick: bool, seeds: Sequence[int] | None) -> tuple[int, ...]:
     if seeds is not None:
         return tuple(int(s) for s in seeds)
-    return (0,) if quick else (0, 1, 2)
+    return (0,) if quick else TWIN_SEEDS
 
 
 def _expand(traces, seeds, **axes) -> list[dict]:
@@ -193,35 +261,40 @@ def _expand(traces, seeds, **axes) -> list[dict]:
     return cells
 
 
-def table2(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
-    """Table II: DRO vs P90 and P95 (and SAA) at rho in {2, 5, 10, 20, 50, 100}."""
+def table2(*, regime: str = "memory", reservation: str = "soft", quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Table II: DRO vs P90 and P95 (and SAA) at rho in {2, 5, 10, 20, 50, 100}, in ``regime``."""
     cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=("dro", "p90", "p95", "saa"),
-                    rho=RHOS_TABLE2, load=(DEFAULT_LOAD,), quick=(quick,))
+                    rho=RHOS_TABLE2, regime=(regime,), load=(operating_point(regime).load,), quick=(quick,),
+                    reservation=(reservation,))
     return _policy_sweep(cells, n_jobs, progress, "table2")
 
 
-def table4(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
-    """Table IV: every policy (:data:`kvdro.sim.POLICIES`) at rho in {2, 10, 100}."""
+def table4(*, regime: str = "memory", reservation: str = "soft", quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Table IV: every policy (:data:`kvdro.sim.POLICIES`) at rho in {2, 10, 100}, in ``regime``."""
     from kvdro.sim import POLICIES
 
     cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=POLICIES, rho=RHOS_TABLE4,
-                    load=(DEFAULT_LOAD,), quick=(quick,))
+                    regime=(regime,), load=(operating_point(regime).load,), quick=(quick,),
+                    reservation=(reservation,))
     return _policy_sweep(cells, n_jobs, progress, "table4")
 
 
-def fig3(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
-    """Figure 3(a): cost against the arrival-rate scaling, rho = 10."""
+def fig3(*, regime: str = "memory", reservation: str = "soft", quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Figure 3(a): cost against the arrival rate (:data:`LOAD_FACTORS` x the regime's load), rho = 10."""
     policies = ("vllm", "mean", "p90", "p95", "p99", "max", "saa", "dro")
-    loads = (0.5, 1.0, 1.5) if quick else LOADS
-    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=policies, rho=(10,), load=loads, quick=(quick,))
+    base = operating_point(regime).load
+    loads = tuple(round(base * f, 6) for f in ((1.0, 2.0) if quick else LOAD_FACTORS))
+    cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=policies, rho=(10,), regime=(regime,), load=loads,
+                    quick=(quick,), reservation=(reservation,))
     return _policy_sweep(cells, n_jobs, progress, "fig3a")
 
 
-def fig5b(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
-    """Figure 5(b): SAA vs DRO as the test outputs are scaled by s, rho in {2, 10, 100}."""
+def fig5b(*, regime: str = "memory", reservation: str = "soft", quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+    """Figure 5(b): SAA vs DRO as the test outputs are scaled by s, rho in {2, 10, 100}, in ``regime``."""
     shifts = (1.0, 2.0, 3.0) if quick else SHIFTS
     cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=("saa", "dro"), rho=RHOS_TABLE4,
-                    shift=shifts, load=(DEFAULT_LOAD,), quick=(quick,))
+                    shift=shifts, regime=(regime,), load=(operating_point(regime).load,), quick=(quick,),
+                    reservation=(reservation,))
     return _policy_sweep(cells, n_jobs, progress, "fig5b")
 
 
@@ -239,9 +312,11 @@ def drift_cell(
     mode: str,
     rho: float,
     s_end: float,
-    load: float = DEFAULT_LOAD,
+    regime: str = "light",
+    load: float | None = None,
     quick: bool = False,
     n_windows: int = N_WINDOWS,
+    reservation: str | None = None,
 ) -> dict:
     """Static vs rolling-horizon buffers on a drifting test part (outputs x 1 ... x ``s_end``).
 
@@ -252,8 +327,11 @@ def drift_cell(
     has its own buffer; the SLO stays the training one. Per-window metrics are in the columns
     ``w<k>_p99_s`` and ``w<k>_cost_per_req``.
     """
-    from kvdro.sim import default_deployment, policy_buffers, simulate
+    from kvdro.sim import default_deployment, policy_buffers
 
+    t0 = time.process_time()
+    point = operating_point(regime)
+    load = point.load if load is None else load
     if mode not in ("static", "rolling"):
         raise ValueError(f"mode: must be 'static' or 'rolling', got {mode!r}")
     parts = tr.train_test(tr.load(trace, seed=seed))
@@ -273,10 +351,10 @@ def drift_cell(
         for c in test["request_class"].unique():
             buffers[f"{c}@{w}"] = float(src.get(str(c), base[str(c)]))
     slo_w = {f"{c}@{w}": slo[str(c)] for c in test["request_class"].unique() for w in range(n_windows)}
-    dep = default_deployment(slo_s=slo_w)
+    dep = default_deployment(config=point.config, groups=point.groups, slo_s=slo_w)
     labelled = labelled.drop(columns="window")
     present = set(labelled["request_class"])
-    res = simulate(labelled, policy=policy, buffers={k: v for k, v in buffers.items() if k in present},
+    res = _simulate(labelled, reservation=reservation, policy=policy, buffers={k: v for k, v in buffers.items() if k in present},
                    deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 2]))
     out = _summary(res, len(test))
     req = res.requests
@@ -292,13 +370,15 @@ def drift_cell(
         e2e = req["e2e_s"].to_numpy()[m]
         out[f"w{w}_p99_s"] = float(np.percentile(e2e, 99)) if e2e.size else float("nan")
         out[f"w{w}_cost_per_req"] = float(loss[m].mean()) if m.any() else float("nan")
+    out["cpu_s"] = time.process_time() - t0
     return out
 
 
-def fig5a(*, quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
+def fig5a(*, regime: str = "memory", reservation: str = "soft", quick: bool = False, traces=None, seeds=None, n_jobs=None, progress=True) -> pd.DataFrame:
     """Figure 5(a): static vs rolling horizon under drift (s from 1 to 3 over the test part), rho = 10."""
     cells = _expand(_traces(quick, traces), _seeds(quick, seeds), policy=("saa", "dro"), mode=("static", "rolling"),
-                    rho=(10,), s_end=(3.0,), load=(DEFAULT_LOAD,), quick=(quick,))
+                    rho=(10,), s_end=(3.0,), regime=(regime,), load=(operating_point(regime).load,), quick=(quick,),
+                    reservation=(reservation,))
     return run_sweep(drift_cell, cells, n_jobs=n_jobs, progress=progress, desc="fig5a")
 
 
@@ -333,7 +413,7 @@ def _hetero(source: str, seed: int):
     return train, test
 
 
-def _instance(train: pd.DataFrame, seed: int, *, rho: float, load: float, eps_fraction: float):
+def _instance(train: pd.DataFrame, seed: int, *, rho: float, load: float, eps_fraction: float, serving: str = "analytic"):
     from kvdro.hardware import A100_80GB, LLAMA2_70B, PAPER_CONFIGS, config_performance
     from kvdro.joint import Instance
     from kvdro.workload import classes_from_trace
@@ -345,15 +425,17 @@ def _instance(train: pd.DataFrame, seed: int, *, rho: float, load: float, eps_fr
     )
     configs = tuple(config_performance(LLAMA2_70B, A100_80GB, c) for c in PAPER_CONFIGS)
     eps = tuple(eps_fraction * c.mean_output_tokens for c in classes)
-    return Instance(classes=classes, configs=configs, total_gpus=8, c_p=float(rho), eps=eps, name=f"hetero-seed{seed}")
+    return Instance(classes=classes, configs=configs, total_gpus=8, c_p=float(rho), eps=eps, name=f"hetero-seed{seed}",
+                    serving=serving, calibration_source="real")
 
 
-def _plan(source: str, seed: int, rho: float, load: float, eps_fraction: float, planner: str):
+@lru_cache(maxsize=16)  # the plans of Figure 6's shifts and Table V's variants repeat within a worker
+def _plan(source: str, seed: int, rho: float, load: float, eps_fraction: float, planner: str, serving: str = "analytic"):
     from kvdro.bcd import solve_bcd
     from kvdro.joint import solve_exact
 
     train, _ = _hetero(source, seed)
-    inst = _instance(train, seed, rho=rho, load=load, eps_fraction=eps_fraction)
+    inst = _instance(train, seed, rho=rho, load=load, eps_fraction=eps_fraction, serving=serving)
     if planner == "bcd":
         return inst, solve_bcd(inst)
     if planner == "exact":
@@ -367,24 +449,31 @@ def plan_cell(
     seed: int,
     variant: str,
     rho: float = 10.0,
-    load: float = DEFAULT_LOAD,
+    regime: str = "light",
+    load: float | None = None,
     shift: float = 1.0,
     quick: bool = False,
     planner: str = "bcd",
     eps_fraction: float = 0.15,
+    reservation: str | None = None,
+    serving: str = "analytic",
 ) -> dict:
     """A plan of the joint problem fitted on the training part, served on the test part.
 
     Variants (:data:`ABLATION`): ``"bcd-dro"`` the full plan; ``"no-routing"`` the same z, r, delta
     with each class's admitted share spread uniformly over the deployed groups; ``"no-dro"`` the
     plan of the same problem with eps = 0 (SAA); ``"no-prefix"`` the full plan with delta = 0.
+    ``serving`` is the planner's serving model (:class:`kvdro.joint.Instance`: ``"analytic"`` or
+    ``"calibrated"``, the simulator-calibrated bands of the real training half).
     """
     from kvdro.joint import Solution, evaluate
-    from kvdro.sim import buffers_from_solution, deployment_from_solution, simulate
+    from kvdro.sim import buffers_from_solution, deployment_from_solution
 
+    t0 = time.process_time()
+    load = operating_point(regime).load if load is None else load
     if variant not in ABLATION:
         raise ValueError(f"variant: must be one of {ABLATION}, got {variant!r}")
-    inst, sol = _plan(source, seed, rho, load, 0.0 if variant == "no-dro" else eps_fraction, planner)
+    inst, sol = _plan(source, seed, rho, load, 0.0 if variant == "no-dro" else eps_fraction, planner, serving)
     if variant == "no-routing":
         share = sol.z / sol.z.sum()
         sol = Solution(z=sol.z, r=sol.r, pi=sol.admitted[:, None] * share[None, :], delta=sol.delta, method="no-routing")
@@ -397,9 +486,9 @@ def plan_cell(
     if shift != 1.0:
         test = tr.shift(test, shift, max_output_tokens=SHIFT_CAP)
     dep = deployment_from_solution(inst, sol)
-    res = simulate(test, policy="saa" if variant == "no-dro" else "dro", buffers=buffers_from_solution(inst, sol),
-                   deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 4]))
-    out = _summary(res, len(test))
+    res = _simulate(test, reservation=reservation, policy="saa" if variant == "no-dro" else "dro", buffers=buffers_from_solution(inst, sol),
+                    deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 4]))
+    out = _summary(res, len(test), hist=True)
     out.update(
         {
             "plan": dep.describe(),
@@ -407,28 +496,36 @@ def plan_cell(
             "model_preempt_waste": float(model.terms["preempt_waste"]),
             "rejected_share_plan": float(np.average(sol.rejected, weights=inst.rates)),
             "cached_pairs": int(sol.delta.sum()),
+            "cpu_s": time.process_time() - t0,
+            "plan_key": unc.encode(np.concatenate([sol.z.ravel(), np.round(sol.r.ravel()), np.round(sol.pi.ravel(), 4), sol.delta.ravel()])),
         }
     )
     return out
 
 
-def table5(*, quick: bool = False, seeds=None, n_jobs=None, progress=True, planner: str = "bcd") -> pd.DataFrame:
-    """Table V: the BCD-DRO plan and its ablations, simulated (real trace seed 0; synthetic twins
-    for the spread over seeds)."""
+def table5(*, regime: str = "memory", quick: bool = False, seeds=None, n_jobs=None, progress=True, planner: str = "bcd",
+           serving: str = "calibrated") -> pd.DataFrame:
+    """Table V: the BCD-DRO plan and its ablations, planned at the regime's load and simulated (real
+    trace seed 0; synthetic twins for the spread over seeds)."""
     seeds = _seeds(quick, seeds)
-    cells = [{"source": "real", "seed": 0, "variant": v, "quick": quick, "planner": planner} for v in ABLATION]
+    load = operating_point(regime).load
+    base = {"regime": regime, "load": load, "quick": quick, "planner": planner, "reservation": "soft",
+            "serving": serving}
+    cells = [{"source": "real", "seed": 0, "variant": v, **base} for v in ABLATION]
     if not quick:
-        cells += [{"source": "synthetic", "seed": s, "variant": v, "quick": quick, "planner": planner} for s in seeds for v in ABLATION]
+        cells += [{"source": "synthetic", "seed": s, "variant": v, **base} for s in seeds for v in ABLATION]
     return run_sweep(plan_cell, cells, n_jobs=n_jobs, progress=progress, desc="table5")
 
 
-def fig6(*, quick: bool = False, seeds=None, n_jobs=None, progress=True, planner: str = "bcd") -> pd.DataFrame:
+def fig6(*, regime: str = "memory", quick: bool = False, seeds=None, n_jobs=None, progress=True, planner: str = "bcd",
+         serving: str = "calibrated") -> pd.DataFrame:
     """Figure 6: the BCD-DRO plan vs the SAA plan (eps = 0) as the test outputs are scaled by s."""
     seeds = _seeds(quick, seeds)
     shifts = (1.0, 2.0, 3.0) if quick else SHIFTS
-    cells = [{"source": "real", "seed": 0, "variant": v, "shift": s, "quick": quick, "planner": planner}
-             for v in ("bcd-dro", "no-dro") for s in shifts]
+    base = {"regime": regime, "load": operating_point(regime).load, "quick": quick, "planner": planner, "reservation": "soft",
+            "serving": serving}
+    cells = [{"source": "real", "seed": 0, "variant": v, "shift": s, **base} for v in ("bcd-dro", "no-dro") for s in shifts]
     if not quick:
-        cells += [{"source": "synthetic", "seed": sd, "variant": v, "shift": s, "quick": quick, "planner": planner}
+        cells += [{"source": "synthetic", "seed": sd, "variant": v, "shift": s, **base}
                   for sd in seeds for v in ("bcd-dro", "no-dro") for s in shifts]
     return run_sweep(plan_cell, cells, n_jobs=n_jobs, progress=progress, desc="fig6")
