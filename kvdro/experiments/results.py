@@ -1,4 +1,5 @@
-"""The cached full-sweep results the chapter reads: ``data/experiments_<name>.csv``.
+"""The cached full-sweep results the chapter reads: ``data/experiments_<name>_<regime>.csv`` (and
+``data/experiments_eps_joint.csv``, which has no regime).
 
 They are written by ``python -m kvdro.bench experiments`` (all of them) or
 ``python -m kvdro.experiments NAME --write`` (one); :data:`COMMANDS` says which command remakes each.
