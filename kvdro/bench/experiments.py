@@ -1,8 +1,8 @@
 """The full sweeps of chapter 8: ``python -m kvdro.bench experiments [--n-jobs N] [--only NAME ...] [--regime R ...]``.
 
 Runs every sweep of :mod:`kvdro.experiments` at full size in both regimes
-(:mod:`kvdro.experiments.regimes`: ``memory``, the primary test, with the real traces and ten seeds of
-each synthetic twin; ``light``, the contrast, with the real traces only) and
+(:mod:`kvdro.experiments.regimes`: ``memory``, the primary test, and ``light``, the contrast; the real
+traces and ten seeds of each synthetic twin in both) and
 writes the cached results the chapter reads, ``data/experiments_<name>_<regime>.csv``
 (``data/experiments_eps_joint.csv`` has no simulator and no regime):
 
@@ -42,9 +42,6 @@ def _run(name: str, regime: str | None, funcs: dict, n_jobs: int):
         return analytic.eps_premium_joint(eps_units=("mean", "tokens"), n_jobs=n_jobs, progress=True)
     if name.endswith("_hard"):
         return funcs[name[:-5]](regime=regime, reservation="hard", traces=REAL, n_jobs=n_jobs, progress=True)
-    if regime == "light":  # the contrast: real traces only (intervals over time blocks)
-        kw = {"seeds": ()} if name in ("table5", "fig6") else {"traces": REAL}
-        return funcs[name](regime=regime, n_jobs=n_jobs, progress=True, **kw)
     return funcs[name](regime=regime, n_jobs=n_jobs, progress=True)
 
 
