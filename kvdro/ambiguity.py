@@ -382,9 +382,9 @@ def _ks_level_range(x, eta, delta):
 def ks_worst_case_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float, radius: float, L_max: float) -> float:
     """Worst-case expected cost at ``eta`` over CDFs on ``[0, L_max]`` within ``radius`` of the ECDF.
 
-    Chapter 9's theorem: a worst case is ``F_m = min(F_N + radius, m)`` below ``eta`` and
-    ``max(F_N - radius, m)`` from ``eta`` on, for a level ``m`` in
-    ``[F_N(eta-) - radius, F_N(eta) + radius]``; the value is concave and piecewise linear in ``m``,
+    Chapter 9's theorem: a worst case is ``F_q = min(F_N + radius, q)`` below ``eta`` and
+    ``max(F_N - radius, q)`` from ``eta`` on, for a level ``q`` in
+    ``[F_N(eta-) - radius, F_N(eta) + radius]``; the value is concave and piecewise linear in ``q``,
     so the best level is an end of that range or a kink ``F_N +/- radius`` of one piece.
     """
     x, c_p, c_w, d, L = _ks_inputs(samples, c_p, c_w, radius, L_max)
@@ -414,7 +414,7 @@ def ks_worst_case_distribution(
     samples: ArrayLike, eta: float, c_p: float, c_w: float, radius: float, L_max: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """A worst-case distribution of the KS band at ``eta``: ``(atoms, probs)`` (tokens), the jumps of
-    the worst CDF ``F_m`` (mass at 0, at the samples, at ``eta`` and at ``L_max``)."""
+    the worst CDF ``F_q`` (mass at 0, at the samples, at ``eta`` and at ``L_max``)."""
     x, c_p, c_w, d, L = _ks_inputs(samples, c_p, c_w, radius, L_max)
     b = _finite_scalar(eta, "eta")
     T, F = _ks_worst_cdf(x, b, c_p, c_w, d, L)
