@@ -59,11 +59,12 @@ book-student: $(STAMP) _build/assignments/index.json
 	$(BIN)/python book/assignments/publish.py --html _build/student/html --kit _build/assignments
 	@du -sh _build/student/html
 
-# The whole book as one PDF: one-page HTML (singlehtml builder, execution cached by `make book`)
-# printed by headless Chromium with the local MathJax and Vega. Needs Chromium (apt-get install chromium).
-pdf: $(STAMP) _build/assignments/index.json
-	$(BIN)/jupyter-book build --builder singlehtml .
-	$(BIN)/python book/assignments/print_pdf.py _build/singlehtml/index.html --out _build/pdf/kvdro.pdf
+# The whole book as one PDF: every page of the built book (make book) printed by headless Chromium with
+# the local MathJax and Vega, in _toc.yml order, joined by pdfunite. Needs Chromium and poppler-utils
+# (apt-get install chromium poppler-utils; .ci/run installs both). (Jupyter Book's singlehtml builder
+# cannot render MyST-NB's hidden-code cells, so the book is printed page by page.)
+pdf: book
+	$(BIN)/python book/assignments/print_pdf.py --html _build/html --out _build/pdf/kvdro.pdf
 
 notebooks: $(STAMP)
 	rm -rf _build/nbval && mkdir -p _build/nbval
@@ -73,7 +74,7 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-test: book notebooks
+test: book pdf notebooks
 	$(BIN)/python -m pytest -q --nbval-lax tests _build/nbval
 
 # Open .md chapters as notebooks by default (jupytext), not in the text editor.
