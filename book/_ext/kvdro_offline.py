@@ -25,6 +25,8 @@ CSS_FILE = "kvdro-layout.css"
 # fit a laptop's column); on a narrower screen their SVG (which has a viewBox) scales down with the
 # column instead of losing its right-hand panel. Output tables (pandas and Styler) get cell padding,
 # right-aligned tabular figures and a rule under the header, so that numbers never run together.
+# Theorem, proof, exercise and solution boxes (overflow: hidden in the theme) scroll sideways instead
+# of cutting off a long inline formula at a phone's width (MathJax 2 does not break inline math).
 LAYOUT_CSS = """
 span.math, div.math span.math { overflow: visible; max-width: none; }
 div.math > .MathJax_Display { overflow-x: auto; overflow-y: hidden; min-width: 0; }
@@ -38,6 +40,7 @@ div.kvdro-vega .vega-bindings { max-width: 100%; overflow-wrap: anywhere; }
 .bd-article div.cell_output table thead th { border-bottom: 1px solid var(--pst-color-border); }
 .bd-article div.cell_output table tbody th { text-align: left; }
 .bd-article div.cell_output table caption { caption-side: top; text-align: left; font-size: 0.9em; }
+.bd-article div.admonition, .bd-article div.proof, .bd-article div.solution, .bd-article div.exercise { overflow-x: auto; }
 """
 MATHJAX_DIR = "mathjax"
 MATHJAX_PATH = f"{MATHJAX_DIR}/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
