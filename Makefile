@@ -1,10 +1,11 @@
 # kvdro: the two commands of the README, plus a few helpers. Every target sets itself up.
 #   make book   -- create .venv if missing, install, execute every chapter, build _build/html (strict)
-#   make test   -- same set-up, build the book, then unit/property/browser tests and every chapter under nbval
+#   make test   -- same set-up, build the book (and its student edition and PDF), then unit/property/browser
+#                  tests and every chapter under nbval
 #   make lab    -- JupyterLab in which the book/*.md chapters open as notebooks (jupytext)
 #   make assignments -- the course kit: student notebooks + otter autograders in _build/assignments
 #   make book-student -- the book without exercise solutions (sphinx-exercise hide_solutions), in _build/student/html
-#   make pdf    -- the whole book as one PDF (_build/pdf/kvdro.pdf): singlehtml build printed by headless Chromium
+#   make pdf    -- the whole book as one PDF (_build/pdf/kvdro.pdf): every built page printed by headless Chromium
 
 PYTHON ?= python3
 VENV   := .venv
@@ -74,7 +75,7 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-test: book pdf notebooks
+test: book book-student pdf notebooks
 	$(BIN)/python -m pytest -q --nbval-lax tests _build/nbval
 
 # Open .md chapters as notebooks by default (jupytext), not in the text editor.
