@@ -16,31 +16,12 @@ Exit status: 0 on success, 1 if the solver fails (message on stderr), 2 on bad u
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
-from collections.abc import Iterator
+
+from kvdro._fd import fd1_redirected
 
 METHODS = {"exact": "default", "mccormick": "mccormick", "bcd": "bcd"}  # "default": kvdro.joint.exact.DEFAULT_FORMULATION
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send C-level writes to fd 1 (HiGHS's banner) to stderr, so ``--json`` output stays parseable."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real file descriptor (e.g. captured by a test harness)
-        yield
-        return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--classes/--gpus: only with --instance scaled, not {args.instance!r}")
         else:
             instance = paper_instance(args.instance, args.seed, serving=args.serving, **kwargs)
-        with _stdout_to_stderr():
+        with fd1_redirected("stderr"):
             if args.method == "bcd":  # BCD-DRO, Algorithm 1 (kvdro.bcd); scored by the same evaluate
                 from kvdro.bcd import solve_bcd
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
+
+from kvdro._fd import fd1_redirected
 
 T = TypeVar("T")
 
@@ -23,20 +22,6 @@ def timed(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
     return statistics.median(times), value
 
 
-@contextlib.contextmanager
-def quiet_fd1() -> Iterator[None]:
+def quiet_fd1():
     """HiGHS writes a banner to fd 1 from C; send it to /dev/null to keep the tables readable."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real file descriptor (e.g. captured by a test harness)
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
+    return fd1_redirected("devnull")

@@ -397,7 +397,7 @@ def part_stale(args) -> bool:
     df.to_csv(DATA / "bcd_stale.csv", index=False, float_format="%.10g")
     counts = pd.DataFrame([{"block": b, "re_solves": old.calls[b], "stale": old.stale[b]} for b in old.calls])
     counts.to_csv(DATA / "bcd_stale_counts.csv", index=False)
-    print(f"stale re-solves on the old path: " + ", ".join(f"{r.block} {r.stale} of {r.re_solves}" for r in counts.itertuples()))
+    print("stale re-solves on the old path: " + ", ".join(f"{r.block} {r.stale} of {r.re_solves}" for r in counts.itertuples()))
     for when in ("before", "after"):
         print(f"  {when:>6} the fix: one start median {df[f'gap_{when}_one'].median():.3%} max {df[f'gap_{when}_one'].max():.2%}; "
               f"best of two max {df[f'gap_{when}_best2'].max():.2%}")

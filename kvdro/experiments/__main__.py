@@ -18,15 +18,14 @@ recomputes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+
+from kvdro._fd import fd1_redirected
 
 EXPERIMENTS = ("table2", "table4", "table5", "fig3", "fig5", "fig6")
 COMMANDS = EXPERIMENTS + ("verdicts",)
@@ -86,24 +85,6 @@ def summarise(name: str, frames: dict[str, pd.DataFrame], regime: str = "memory"
     raise ValueError(f"experiment: must be one of {EXPERIMENTS}, got {name!r}")
 
 
-@contextlib.contextmanager
-def _fd1_to_stderr() -> Iterator[None]:
-    """Send C-level writes to fd 1 (HiGHS's banner, also from worker processes) to stderr."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no real file descriptor (e.g. captured by a test harness)
-        yield
-        return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _records(df: pd.DataFrame) -> list[dict]:
     out = []
     for row in df.to_dict(orient="records"):
@@ -125,7 +106,7 @@ def _verdicts(regime: str | None, *, as_json: bool) -> int:
     from kvdro.experiments import verdicts as v
     from kvdro.experiments.regimes import REGIMES
 
-    with _fd1_to_stderr():
+    with fd1_redirected("stderr"):
         out = [x for r in ((regime,) if regime else REGIMES) for x in v.verdicts(r)]
     if as_json:
         print(json.dumps(_records(pd.DataFrame([x.as_row() for x in out])), indent=1))
@@ -160,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         os.environ["KVDRO_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvdro-nocache-")
-    with _fd1_to_stderr():  # solver banners (HiGHS writes to fd 1 from C) go to stderr: stdout stays JSON
+    with fd1_redirected("stderr"):  # solver banners (HiGHS writes to fd 1 from C) go to stderr: stdout stays JSON
         frames = run(args.experiment, quick=args.quick, n_jobs=args.n_jobs, progress=not args.json, regime=regime)
         summary, verdicts = summarise(args.experiment, frames, regime)
     if args.write:
