@@ -14,15 +14,18 @@ buffers at rho = 10 fitted on the same training half):
 2. for each utilisation band j (upper edge u_j of :func:`kvdro.joint.serving.band_edges`), the
    training half thinned at random to rate ``u_j mu_k`` (kept at >= :data:`MIN_REQUESTS` requests by
    stretching time instead when thinning would leave fewer): the mean wait W_kj [s], the share of
-   waits under 1 s, the residence line ``H = a + b L_in + c xi`` [s] (least squares over the served
-   requests, H = finish - first admission), and the KV occupancy per Little's-law token m_kj
-   (simulated mean KV tokens / sum_i lambda_i H_i (L_in^i + eta_i)).
+   waits under 1 s, the residence line ``H = a_j + b L_in + c_j xi`` [s] (:func:`fit_residence`: least
+   squares over the served requests of all bands of k, H = finish - first admission, one prompt slope
+   b per configuration), and the KV occupancy ratio m_kj: simulated mean KV tokens over what
+   :func:`kvdro.joint.serving.kv_token_seconds` says the served requests hold (prompt for the
+   residence, output as it grows: sum_i lambda_i (L_in^i H_ij + c_j E[xi_i^2] / 2)).
 
 :func:`calibration_loop` -- plan -> simulate -> recalibrate: solve with the calibrated model,
 simulate the plan on the *training* half, replace the rows of the bands the plan visits by what the
-plan's simulation measured (W, the residence line and m of each deployed configuration, at the band
-of its planned utilisation), set each configuration's operating band (where H and m are read) to that
-band, and re-solve, until the plan repeats or the predictions move by less than ``tol``.
+plan's simulation measured (W, the residence line with b_k fixed and m of each deployed
+configuration, at the band of its planned utilisation; a row measured by several plans is their
+mean, the method of successive averages), and re-solve, until the plan repeats or the predictions
+move by less than ``tol``.
 
 Imports point down: this module sits above :mod:`kvdro.sim` and :mod:`kvdro.joint`.
 """
@@ -40,8 +43,20 @@ from kvdro import queueing
 from kvdro.joint import Instance, Solution, evaluate, solve_exact
 from kvdro.joint.objective import predict_serving
 from kvdro.joint.paper import paper_trace
-from kvdro.joint.serving import CALIBRATION_COLUMNS, CALIBRATION_FILE, RATIO_LEVELS, CalibrationTable, band_edges, band_of
-from kvdro.sim import Deployment, buffers_from_solution, policy_buffers, simulate
+from kvdro.joint.serving import (
+    CALIBRATION_COLUMNS,
+    CALIBRATION_FILE,
+    CLASS_CALIBRATION_FILE,
+    CLASS_COLUMNS,
+    QUANTILE_LEVELS,
+    RESIDENCE_QUANTILE_COLUMNS,
+    WAIT_QUANTILE_COLUMNS,
+    CalibrationTable,
+    band_edges,
+    band_of,
+    residence_bin,
+)
+from kvdro.sim import Deployment, policy_buffers, simulate
 from kvdro.sim.plan import observed, simulate_solution
 
 __all__ = [
@@ -51,6 +66,7 @@ __all__ = [
     "SOURCES",
     "training_trace",
     "measure_bands",
+    "measure_source",
     "write_calibration",
     "measured_rows",
     "calibration_loop",
@@ -65,6 +81,8 @@ __all__ = [
 SATURATION_REQUESTS = 4000
 #: Fewest requests in a band run (thinning below this stretches time instead).
 MIN_REQUESTS = 3000
+#: Fewest requests in an output-length bin whose residence spread is measured on its own.
+MIN_BIN_REQUESTS = 20
 #: A wait shorter than this counts as "no wait" in the goodput prediction [s].
 SHORT_WAIT_S = 1.0
 #: Calibration sources: the training half each family's table is measured on.
@@ -83,30 +101,95 @@ def _class_means(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby("request_class", sort=True).agg(L=("input_tokens", "mean"), xi=("output_tokens", "mean"), n=("input_tokens", "size"))
 
 
-def _residence_line(req: pd.DataFrame) -> np.ndarray:
-    """Least-squares (a, b, c) of finish - admit = a + b L_in + c xi over served requests [s]."""
-    done = req[req["outcome"].isin(("completed", "truncated"))]
+def _served(req: pd.DataFrame) -> pd.DataFrame:
+    return req[req["outcome"].isin(("completed", "truncated"))]
+
+
+def _residence_columns(done: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(h, L_in, xi) of served requests: residence finish - first admission [s], prompt and output [tokens]."""
     h = (done["finish_s"] - done["admit_s"]).to_numpy(dtype=float)
-    X = np.column_stack([np.ones(len(done)), done["input_tokens"].to_numpy(dtype=float), done["generated_tokens"].to_numpy(dtype=float)])
-    coef, *_ = np.linalg.lstsq(X, h, rcond=None)
-    return coef
+    return h, done["input_tokens"].to_numpy(dtype=float), done["generated_tokens"].to_numpy(dtype=float)
 
 
-def _band_row(engines: pd.DataFrame, req: pd.DataFrame, buffers: dict, blocks_tokens: float, horizon_s: float) -> dict:
-    """Wait, residence line, KV occupancy ratio and e2e-ratio deciles of the requests ``req`` served by
-    the micro-batch ``engines`` (rows of :attr:`SimResult.engines`) holding ``blocks_tokens`` KV tokens
-    in all, over ``horizon_s`` seconds."""
-    done = req[req["outcome"].isin(("completed", "truncated"))]
+def fit_residence(runs: list[pd.DataFrame]) -> tuple[float, np.ndarray]:
+    """Least squares of ``finish - admit = a_j + b L_in + c_j xi`` over the served requests of the runs
+    ``runs`` (one per band j): one prompt slope b [s/token] for all of them (what keeps the banded H of
+    :mod:`kvdro.joint.serving` linear in delta), an intercept a_j [s] and output slope c_j [s/token]
+    per run. Returns (b, array of (a_j, c_j))."""
+    cols = [_residence_columns(_served(r)) for r in runs]
+    n = sum(h.size for h, _, _ in cols)
+    J = len(cols)
+    X = np.zeros((n, 2 * J + 1))
+    y = np.empty(n)
+    at = 0
+    for j, (h, L, xi) in enumerate(cols):
+        sl = slice(at, at + h.size)
+        X[sl, j], X[sl, J + j], X[sl, -1] = 1.0, xi, L
+        y[sl] = h
+        at += h.size
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    return float(coef[-1]), np.column_stack([coef[:J], coef[J:2 * J]])
+
+
+def _fit_with_prompt_slope(req: pd.DataFrame, b: float) -> tuple[float, float]:
+    """(a, c) of ``finish - admit - b L_in = a + c xi`` with the prompt slope b held fixed (the loop's refits)."""
+    h, L, xi = _residence_columns(_served(req))
+    coef, *_ = np.linalg.lstsq(np.column_stack([np.ones(h.size), xi]), h - b * L, rcond=None)
+    return float(coef[0]), float(coef[1])
+
+
+def _class_rows(req: pd.DataFrame, cached_prefix_s: dict | None = None) -> pd.DataFrame:
+    """Per request class of the served requests ``req``: served count, mean wait [s], mean residence
+    [s] (``cached_prefix_s``: class -> seconds its cached prefix saved, added back so that the row is
+    the uncached residence), mean prompt and output [tokens], and the quantiles of end-to-end time
+    over the class's mean (:data:`kvdro.joint.serving.E2E_RATIO_COLUMNS`)."""
+    from kvdro.joint.serving import E2E_RATIO_COLUMNS
+
+    saved = cached_prefix_s or {}
+    rows = []
+    for name, g in _served(req).groupby("request_class", sort=True):
+        e2e = g["e2e_s"].to_numpy(dtype=float)
+        rows.append({
+            "request_class": name, "requests": int(len(g)), "wait_mean_s": float(g["wait_s"].mean()),
+            "res_mean_s": float((g["finish_s"] - g["admit_s"]).mean()) + float(saved.get(name, 0.0)),
+            "input_mean": float(g["input_tokens"].mean()), "output_mean": float(g["generated_tokens"].mean()),
+            **dict(zip(E2E_RATIO_COLUMNS, (np.quantile(e2e, QUANTILE_LEVELS) / max(e2e.mean(), 1e-9)).astype(float))),
+        })
+    return pd.DataFrame(rows)
+
+
+def _band_row(engines: pd.DataFrame, req: pd.DataFrame, line: tuple[float, float, float], blocks_tokens: float,
+              horizon_s: float, cached_prefix: dict | None = None, groups: int = 1) -> dict:
+    """Wait, residence line, KV occupancy ratio and spreads (wait and residence-ratio quantiles) of the
+    requests ``req`` served by the micro-batch ``engines`` (rows of :attr:`SimResult.engines`,
+    ``groups`` serving groups) holding
+    ``blocks_tokens`` KV tokens in all, over ``horizon_s`` seconds, with the residence line
+    ``line`` = (a, b, c). ``cached_prefix``: class -> prefix tokens it keeps in the cache (delta L_pre).
+
+    The occupancy ratio m is the simulated mean KV tokens over :func:`kvdro.joint.serving.kv_token_seconds`
+    summed over the classes at their served rates (plus the cached prefixes, one copy per group):
+    what the prediction multiplies."""
+    from kvdro.joint.serving import kv_token_seconds
+
+    cached_prefix = cached_prefix or {}
+    done = _served(req)
     wait = done["wait_s"].to_numpy(dtype=float)
-    a, b, c = _residence_line(req)
+    a, b, c = line
     means = _class_means(done.assign(output_tokens=done["generated_tokens"]))
-    H = a + b * means["L"] + c * means["xi"]
-    r = means["L"] + pd.Series({k: buffers.get(k, 0.0) for k in means.index})
-    formula = float((means["n"] / horizon_s * H * r).sum())
+    xi2 = done.assign(xi2=done["generated_tokens"].astype(float) ** 2).groupby("request_class", sort=True)["xi2"].mean()
+    pre = pd.Series({k: float(cached_prefix.get(k, 0.0)) for k in means.index})
+    H = a + b * (means["L"] - pre) + c * means["xi"]
+    held = kv_token_seconds((means["L"] - pre).to_numpy(), H.to_numpy(), np.full(len(means), c), xi2.reindex(means.index).to_numpy())
+    formula = float((means["n"].to_numpy() / horizon_s * held).sum()) + groups * float(pre.sum())
     kv_tokens = float(np.average(engines["kv_use_mean"], weights=engines["blocks"])) * blocks_tokens
-    own = wait.mean() + a + b * done["input_tokens"].to_numpy(dtype=float) + c * done["generated_tokens"].to_numpy(dtype=float)
-    ratio = done["e2e_s"].to_numpy(dtype=float) / np.maximum(own, 1e-3)
-    deciles = np.quantile(ratio, RATIO_LEVELS)
+    h, L, xi = _residence_columns(done)
+    ratio = h / np.maximum(a + b * L + c * xi, 1e-3)
+    bins = residence_bin(xi)
+    spread = {}
+    for bin_, cols in enumerate(RESIDENCE_QUANTILE_COLUMNS):
+        mine = ratio[bins == bin_]
+        mine = mine if mine.size >= MIN_BIN_REQUESTS else ratio  # too few in the bin: all requests' spread
+        spread.update(zip(cols, np.quantile(mine, QUANTILE_LEVELS).astype(float)))
     return {
         "wait_mean_s": float(wait.mean()),
         "wait_short_share": float((wait < SHORT_WAIT_S).mean()),
@@ -116,7 +199,8 @@ def _band_row(engines: pd.DataFrame, req: pd.DataFrame, buffers: dict, blocks_to
         "kv_ratio": kv_tokens / formula if formula > 0 else 1.0,
         "kv_use": kv_tokens / blocks_tokens,
         "requests": int(len(done)),
-        **{f"e2e_ratio_q{int(round(100 * lv))}": float(v) for lv, v in zip(RATIO_LEVELS, deciles)},
+        **dict(zip(WAIT_QUANTILE_COLUMNS, np.quantile(wait, QUANTILE_LEVELS).astype(float))),
+        **spread,
     }
 
 
@@ -138,20 +222,27 @@ def _at(train: pd.DataFrame, rate: float, rng: np.random.Generator) -> pd.DataFr
     return part.assign(arrival_s=(part["arrival_s"] - part["arrival_s"].min()) * stretch)
 
 
-def measure_bands(source: str = "real", *, instance: Instance | None = None, seed: int = 0,
-                  rho: float = 10.0, configs=None, bands=None, progress: bool = False) -> pd.DataFrame:
+def measure_bands(source: str = "real", **kwargs) -> pd.DataFrame:
+    """The calibration rows of ``source`` (:func:`measure_source` without the per-class rows)."""
+    return measure_source(source, **kwargs)[0]
+
+
+def measure_source(source: str = "real", *, instance: Instance | None = None, seed: int = 0,
+                   rho: float = 10.0, configs=None, bands=None, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The calibration rows of ``source`` (module docstring): one per (configuration, band), with
-    :data:`kvdro.joint.serving.CALIBRATION_COLUMNS`. ``instance`` gives the configurations and the
+    :data:`kvdro.joint.serving.CALIBRATION_COLUMNS`, and the per-class rows of the same runs
+    (:data:`kvdro.joint.serving.CLASS_COLUMNS`). ``instance`` gives the configurations and the
     bands (default the small paper instance's); ``configs`` (names) and ``bands`` (indices) restrict
-    the measurement to some rows -- each row has its own seeded generator ``[seed, 15, k, j]``, so a
-    row measured alone equals the same row of the full table."""
+    the rows kept -- each band run has its own seeded generator ``[seed, 15, k, j]`` and every band
+    of a measured configuration is simulated (the prompt slope is fitted over all of them), so a row
+    measured alone equals the same row of the full table."""
     from kvdro.joint.paper import paper_instance
 
     inst = paper_instance("small", 0) if instance is None else instance
     train = training_trace(source)
     buffers = dict(policy_buffers("dro", train, rho=rho))
     edges = band_edges(inst)
-    rows = []
+    rows, class_rows = [], []
     for k, perf in enumerate(inst.configs):
         cfg = perf.config
         if configs is not None and cfg.name not in configs:
@@ -163,26 +254,37 @@ def measure_bands(source: str = "real", *, instance: Instance | None = None, see
         sat_res = simulate(burst, policy="dro", buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(0))
         sat = sat_res.metrics["completed"] / sat_res.cost["horizon_s"]
         scale = 1.0 / (sat * _analytic_work(inst.model, perf, train))
+        # every band is simulated (the prompt slope is fitted over all of them); rows outside ``bands`` are not kept
+        runs = []
         for j, u in enumerate(edges):
+            trace = _at(train, float(u) * sat, np.random.default_rng([int(seed), 15, k, j]))
+            runs.append(simulate(trace, policy="dro", buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(0)))
+        b, lines = fit_residence([res.requests for res in runs])
+        for j, (u, res) in enumerate(zip(edges, runs)):
             if bands is not None and j not in bands:
                 continue
-            trace = _at(train, float(u) * sat, np.random.default_rng([int(seed), 15, k, j]))
-            res = simulate(trace, policy="dro", buffers=buffers, deployment=dep, rho=rho, rng=np.random.default_rng(0))
-            row = _band_row(res.engines, res.requests, buffers, M, res.cost["horizon_s"])
+            row = _band_row(res.engines, res.requests, (lines[j, 0], b, lines[j, 1]), M, res.cost["horizon_s"])
             rows.append({"source": source, "config": cfg.name, "band": j, "u_edge": float(u), "rate_rps": float(u) * sat,
                          "sat_rps": float(sat), "work_scale": float(scale), **row})
+            class_rows.append(_class_rows(res.requests).assign(source=source, config=cfg.name, band=j))
             if progress:
                 import sys
 
                 print(f"calibration {source} {cfg.name} band {j} (u {u:.3f}): W {row['wait_mean_s']:.2f} s, "
                       f"m {row['kv_ratio']:.2f}", file=sys.stderr)
-    return pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
+    classes = pd.concat(class_rows, ignore_index=True)[list(CLASS_COLUMNS)] if class_rows else pd.DataFrame(columns=list(CLASS_COLUMNS))
+    return frame, classes
 
 
-def write_calibration(path: Path | str = CALIBRATION_FILE, *, sources=tuple(SOURCES), progress: bool = False) -> pd.DataFrame:
-    """Measure every source and write the table to ``path`` (CSV, 6 significant digits)."""
-    frame = pd.concat([measure_bands(s, progress=progress) for s in sources], ignore_index=True)
+def write_calibration(path: Path | str = CALIBRATION_FILE, *, sources=tuple(SOURCES), progress: bool = False,
+                      classes_path: Path | str = CLASS_CALIBRATION_FILE) -> pd.DataFrame:
+    """Measure every source and write the table to ``path`` and its per-class rows to ``classes_path``
+    (CSV, 6 significant digits)."""
+    parts = [measure_source(s, progress=progress) for s in sources]
+    frame = pd.concat([p[0] for p in parts], ignore_index=True)
     frame.to_csv(path, index=False, float_format="%.6g")
+    pd.concat([p[1] for p in parts], ignore_index=True).to_csv(classes_path, index=False, float_format="%.6g")
     return frame
 
 
@@ -191,10 +293,14 @@ def write_calibration(path: Path | str = CALIBRATION_FILE, *, sources=tuple(SOUR
 # ------------------------------------------------------------------------------------------------
 
 
-def measured_rows(instance: Instance, solution: Solution, res) -> pd.DataFrame:
+def measured_rows(instance: Instance, solution: Solution, res) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Calibration rows measured on a plan's run: per deployed configuration, at the band of its
-    planned utilisation, W, the residence line and m of the requests its groups served."""
-    from kvdro.joint.serving import group_state
+    planned utilisation, W, the residence line (with the table's prompt slope b_k held fixed) and m
+    of the requests its groups served; and the per-class rows of the same requests
+    (:func:`_class_rows`, a cached prefix's saving added back)."""
+    from kvdro.joint.serving import calibration_for, group_state
+
+    cal = calibration_for(instance)
 
     u = group_state(instance, solution.z, solution.pi, solution.delta).utilisation
     bands = band_of(instance, u)
@@ -203,8 +309,7 @@ def measured_rows(instance: Instance, solution: Solution, res) -> pd.DataFrame:
         owner += [k] * int(solution.z[k])
     owner = np.array(owner)
     req = res.requests
-    buffers = buffers_from_solution(instance, solution)
-    rows = []
+    rows, class_rows = [], []
     for k, perf in enumerate(instance.configs):
         if solution.z[k] <= 0 or not (0 <= bands[k] < instance.waiting_bands):
             continue
@@ -213,9 +318,28 @@ def measured_rows(instance: Instance, solution: Solution, res) -> pd.DataFrame:
         if (mine["outcome"].isin(("completed", "truncated"))).sum() < 30:
             continue
         engines = res.engines[res.engines["group"].isin(groups)]
-        row = _band_row(engines, mine, buffers, float(perf.kv_capacity_tokens) * len(groups), res.cost["horizon_s"])
+        b = float(cal.residence[k, 0, 1])
+        a, c = _fit_with_prompt_slope(mine, b)
+        prefix = {cl.name: float(cl.prefix_tokens) for i, cl in enumerate(instance.classes) if solution.delta[i, k]}
+        row = _band_row(engines, mine, (a, b, c), float(perf.kv_capacity_tokens) * len(groups), res.cost["horizon_s"],
+                        cached_prefix=prefix, groups=len(groups))
         rows.append({"config": perf.config.name, "band": int(bands[k]), "k": k, **row})
-    return pd.DataFrame(rows)
+        saved = {name: b * tokens for name, tokens in prefix.items()}
+        class_rows.append(_class_rows(mine, saved).assign(config=perf.config.name, band=int(bands[k])))
+    return pd.DataFrame(rows), (pd.concat(class_rows, ignore_index=True) if class_rows else pd.DataFrame())
+
+
+def _mean_row(measurements: list[pd.Series], keys=("config", "band")) -> pd.Series:
+    """The mean of several measurements of one (config, band[, class]) row (numbers averaged,
+    ``requests`` summed; the ``keys`` kept)."""
+    frame = pd.DataFrame(measurements)
+    out = frame.iloc[0].copy()
+    for col in frame.columns:
+        if col == "requests":
+            out[col] = int(pd.to_numeric(frame[col]).sum())
+        elif col not in keys:
+            out[col] = float(pd.to_numeric(frame[col]).mean())
+    return out
 
 
 def _f(v) -> float:
@@ -260,8 +384,9 @@ def calibration_loop(instance: Instance, *, trace: pd.DataFrame, solver=None, ma
         max_iter: most plans solved; tol: stop when every prediction moved by less than this share.
 
     Returns:
-        (iterations, final instance, final plan): one tidy row per iteration with the plan (z,
-        operating bands), its objective, predicted and simulated e2e / goodput / KV, wall time [s].
+        (iterations, final instance, final plan): one tidy row per iteration with the plan (z, the
+        band of each configuration), its objective, predicted and simulated e2e / goodput / KV, and
+        wall time [s].
 
     Raises:
         ValueError: ``instance`` is not calibrated, or bad ``max_iter``/``tol``.
@@ -273,11 +398,13 @@ def calibration_loop(instance: Instance, *, trace: pd.DataFrame, solver=None, ma
     if not (np.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol: must be a non-negative number, got {tol!r}")
     solve = solver or (lambda inst: solve_exact(inst))
-    from kvdro.joint.serving import calibration_for, load_calibration
+    from kvdro.joint.serving import load_calibration
 
     table = instance.calibration or load_calibration(instance.calibration_source)
     inst = replace(instance, calibration=table)
     rows, seen, prev = [], [], None
+    measured: dict[tuple[str, int], list[pd.Series]] = {}
+    measured_classes: dict[tuple[str, int, str], list[pd.Series]] = {}
     start = time.perf_counter()
     sol = None
     for it in range(max_iter):
@@ -288,9 +415,9 @@ def calibration_loop(instance: Instance, *, trace: pd.DataFrame, solver=None, ma
         res = simulate_solution(inst, sol, trace, seed=seed)
         obs = observed(inst, res)
         key = _plan_key(inst, sol)
-        bands = calibration_for(inst).operating_bands
+        bands = band_of(inst, ev.utilisation)
         rows.append({
-            "iteration": it, "z": " ".join(str(int(v)) for v in sol.z), "operating_bands": " ".join(str(int(b)) for b in bands),
+            "iteration": it, "z": " ".join(str(int(v)) for v in sol.z), "bands": " ".join(str(int(b)) for b in bands),
             "objective": float(ev.total), "pred_e2e_s": pred["e2e_mean_s"], "sim_e2e_s": obs["e2e_mean_s"],
             "pred_goodput_rps": pred["goodput_rps"], "sim_goodput_rps": obs["goodput_rps"],
             "pred_kv": pred["kv_utilisation_mean"], "sim_kv": obs["kv_utilisation_mean"],
@@ -304,14 +431,20 @@ def calibration_loop(instance: Instance, *, trace: pd.DataFrame, solver=None, ma
             break
         seen.append(key)
         prev = pred
-        meas = measured_rows(inst, sol, res)
+        meas, meas_classes = measured_rows(inst, sol, res)
         if meas.empty:
             rows[-1]["stop"] = "nothing to refit"
             break
-        table = table.with_rows(meas.drop(columns=["k"]))
-        new_bands = np.array(bands, dtype=int)
-        new_bands[meas["k"].to_numpy(dtype=int)] = meas["band"].to_numpy(dtype=int)
-        inst = replace(inst, calibration=table, operating_bands=tuple(int(b) for b in new_bands))
+        # successive averages: a visited row becomes the mean of every plan's measurement of it so far,
+        # so a row two plans alternate between settles instead of flipping (the undamped loop cycled)
+        for _, row in meas.drop(columns=["k"]).iterrows():
+            measured.setdefault((row["config"], int(row["band"])), []).append(row)
+        for _, row in meas_classes.iterrows():
+            measured_classes.setdefault((row["config"], int(row["band"]), row["request_class"]), []).append(row)
+        averaged = pd.DataFrame([_mean_row(v) for v in measured.values()])
+        averaged_classes = pd.DataFrame([_mean_row(v, keys=("config", "band", "request_class")) for v in measured_classes.values()])
+        table = table.with_rows(averaged, averaged_classes)
+        inst = replace(inst, calibration=table)
     out = pd.DataFrame(rows)
     out.attrs["wall_s"] = time.perf_counter() - start
     return out, inst, sol
@@ -359,7 +492,8 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
     Returns (metrics, plans, loops): ``metrics`` tidy rows (size, load, serving, trace_seed, scope =
     "all" or a class name, metric, predicted, simulated; ``trace_seed`` = ``seed`` for the instance's
     own test half, :data:`EXTRA_TRACE_SEEDS` for further realisations of the large instance's traffic,
-    overall metrics only); ``plans`` one row per plan (configuration, buffers,
+    overall metrics only; ``predicted_at_test_rates`` is the same plan predicted at that test trace's
+    realised class rates, :func:`realised_rates`); ``plans`` one row per plan (configuration, buffers,
     rejected share, cached pairs, model objective, realised and paper-accounting cost per second,
     routing distance to the analytic plan); ``loops`` the calibration loops' iterations.
     """
@@ -395,10 +529,13 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
                    "loop_iterations": 1 if loop is None else len(loop)}
             if size == "large":
                 for ts in EXTRA_TRACE_SEEDS:
-                    extra = observed(inst, simulate_solution(inst, sol, paper_trace(size, seed, load=load, trace_seed=ts), seed=seed))
+                    other = paper_trace(size, seed, load=load, trace_seed=ts)
+                    extra = observed(inst, simulate_solution(inst, sol, other, seed=seed))
+                    at_other = predict_serving(realised_rates(inst, other), sol)
                     for m in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
                         metrics.append({"size": size, "load": load, "serving": serving, "trace_seed": ts, "scope": "all",
-                                        "metric": m, "predicted": pred[m], "simulated": extra[m]})
+                                        "metric": m, "predicted": pred[m], "simulated": extra[m],
+                                        "predicted_at_test_rates": at_other[m]})
             if base is None:
                 base = sol
                 row["routing_l1_vs_analytic"] = 0.0

@@ -36,7 +36,7 @@ import numpy as np
 
 from kvdro.errors import SolverError
 from kvdro.joint import Instance
-from kvdro.joint.serving import band_edges, band_of, band_waiting_s
+from kvdro.joint.serving import band_edges, band_of, band_response_s
 
 __all__ = [
     "ConfigIP",
@@ -98,7 +98,10 @@ def proven_gap(problem: cp.Problem) -> float:
 
 
 def caching_tables(instance: Instance, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(T, H): work T_ik (1) and residence H_ik [s] at the caching decisions ``delta``, shape (I, K)."""
+    """(T, H): work T_ik (1) and residence H_ik [s] at the caching decisions ``delta``, shape (I, K).
+
+    H is :attr:`Instance.residence_s`: for the calibrated model the slowest band's, which the memory
+    rows (6e) read; the SLO rows (6f) add the band offset (:func:`kvdro.joint.serving.band_response_s`)."""
     d = np.asarray(delta, dtype=bool)
     T = np.where(d, instance.service_s[:, :, 1], instance.service_s[:, :, 0])
     H = np.where(d, instance.residence_s[:, :, 1], instance.residence_s[:, :, 0])
@@ -171,7 +174,8 @@ class RoutingLP:
 
     Objective, per second: sum_i lambda_i [sum_k pi_ik R_i(r_i) + c_slo s_i + c_rej (1 - a_i)].
     Constraints: a_i <= 1 (6d); pi_ik <= [z_k >= 1] (6c); (6e) with r fixed; sum_i lambda_i pi_ik T_ik
-    <= u_{j_k} z_k (the band cap, <= u_max z_k); s_i >= sum_k pi_ik (W_k + H_ik - D_i), s >= 0 (6f).
+    <= u_{j_k} z_k (the band cap, <= u_max z_k); s_i >= sum_k pi_ik (W_k + H_ik - D_i), s >= 0 (6f),
+    with W_k and (calibrated model) H_ik read in the fixed band j_k.
     """
 
     def __init__(self, instance: Instance):
@@ -221,7 +225,7 @@ class RoutingLP:
         eta = np.asarray(r) - inst.input_tokens
         R = np.array([_table_cost(inst, i, eta[i]) for i in range(inst.n_classes)])
         edges = band_edges(inst)
-        W = band_waiting_s(inst)[np.arange(inst.n_configs), np.asarray(bands)]
+        resp = band_response_s(inst)[:, np.arange(inst.n_configs), np.asarray(bands)]  # (I, K): W_ikj + dH_ikj in the held band
         self.cost.value = (lam * R)[:, None] * np.ones((1, inst.n_configs))
         self.open.value = np.broadcast_to((z >= 1).astype(float), (inst.n_classes, inst.n_configs)).copy()
         self.mem.value = (1 + inst.kappa) * lam[:, None] * H * (np.asarray(r)[:, None] - d * L_pre[:, None]) / M[None, :]
@@ -229,7 +233,7 @@ class RoutingLP:
         self.util.value = lam[:, None] * T
         cap = edges[np.asarray(bands)] * z
         self.util_cap.value = cap
-        self.slo.value = W[None, :] + H - inst.slo_s[:, None]
+        self.slo.value = resp + H - inst.slo_s[:, None]
         _solve(self.problem, "LP1 (routing, BCD block 1)")
         self.solves += 1
         pi = repair_routing(inst, z, r, self.pi.value, delta, util_cap=cap)
@@ -358,7 +362,7 @@ class ConfigIP:
         self.instance = instance
         I, K, B = instance.n_classes, instance.n_configs, instance.waiting_bands
         lam = instance.rates
-        edges, Wb = band_edges(instance), band_waiting_s(instance)
+        edges, Rb = band_edges(instance), band_response_s(instance)  # (B,), (I, K, B): W_kj + dH_ikj
         Z = instance.max_groups.astype(float)
         self.cost = cp.Parameter((I, K), name="cost")
         self.mem = cp.Parameter((I, K), nonneg=True, name="mem")
@@ -386,7 +390,7 @@ class ConfigIP:
             ones = np.ones((I, 1))
             cons.append(self.p[k] <= ones @ cp.reshape(self.b[k], (1, B), order="C"))
             cons.append(self.util[:, k] @ self.p[k] <= cp.multiply(edges, self.h[k]))
-            wait = wait + self.p[k] @ Wb[k]
+            wait = wait + cp.sum(cp.multiply(self.p[k], Rb[:, k, :]), axis=1)
         cons.append(self.s >= cp.sum(cp.multiply(self.slo, self.pi), axis=1) + wait)
         objective = (
             cp.sum(cp.multiply(self.cost, self.pi))

@@ -21,7 +21,10 @@ The model (per second of operation; I classes, K configurations, candidates c of
   where u_j is the upper edge of the utilisation band j the configuration is in (u_j <= u_max).
 * SLO (6f): ``s_i >= sum_k pi_ik (W_k + H_ik(delta)) - a_i D_i``, ``s_i >= 0``, with W_k the
   waiting time of :func:`kvdro.joint.serving.waiting_model`: phi_k at the upper edge u_j of the
-  utilisation band j containing u_k.
+  utilisation band j containing u_k. The calibrated serving model bands H as well,
+  H_ikj(delta) = H_ik(delta) + dH_ikj (:func:`kvdro.joint.serving.band_residence_offset_s`), so
+  the band split p_ikj = pi_ik [band_k = j] carries ``W_kj + dH_ikj``
+  (:func:`kvdro.joint.serving.band_response_s`) in every state formulation below.
 * objective (8a): ``sum_i lambda_i [sum_k pi_ik R_i(r_i) + c_slo s_i + c_rej pi_i0] + c_gpu sum_k tau_k p_k z_k``.
 
 The products to linearise come in two families, and each family has a weak and a strong form.
@@ -256,10 +259,11 @@ def build_milp(
         raise ValueError(f"formulation: must be one of {FORMULATIONS} or a Spec, got {formulation!r}")
     if not isinstance(instance, Instance):
         raise ValueError(f"instance: must be a kvdro.joint.Instance, got {type(instance).__name__}")
-    from kvdro.joint.serving import band_edges, band_waiting_s
+    from kvdro.joint.serving import band_edges, band_response_s
 
     K, I = instance.n_configs, instance.n_classes
-    edges, Wb = band_edges(instance), band_waiting_s(instance)  # (B,), (K, B)
+    # (B,), (I, K, B): W_kj + dH_ikj, the banded part of the response time (6f)
+    edges, Rb = band_edges(instance), band_response_s(instance)
     B = edges.size
     class_of, eta, R, A = _flatten(instance, prune)
     N = class_of.size
@@ -384,7 +388,7 @@ def build_milp(
                 cons += [(lam * T[:, k, 1]) @ P[k] <= band_matrix @ cp.multiply(cap_s, E[k])]
             nvec = np.arange(1, nk + 1)
             cons += [memory[k] + L_pre @ (Q[k] @ nvec) / M[k] <= zk[k], work[k] <= cap_s @ E[k]]
-            w_slo = w_slo + P[k] @ Wb[k]
+            w_slo = w_slo + cp.sum(cp.multiply(P[k], Rb[:, k, :]), axis=1)
         variables.update({"e0": e0, "e": E, "q": Q, "p": P})
     elif spec.state == "counts":
         Zf = Z.astype(float)
@@ -402,7 +406,7 @@ def build_milp(
             if spec.band_cut:
                 cons += [(lam * T[:, k, 1]) @ P[k] <= cp.multiply(edges, hc[k])]
             cons += [memory[k] + (L_pre / M[k]) @ q[:, k] <= z_k, work[k] <= edges @ hc[k]]
-            w_slo = w_slo + P[k] @ Wb[k]
+            w_slo = w_slo + cp.sum(cp.multiply(P[k], Rb[:, k, :]), axis=1)
         variables.update({"band": bnd, "groups": hc, "q": q, "p": P})
     else:
         z = cp.Variable(K, integer=integer, name="z")
@@ -421,7 +425,7 @@ def build_milp(
             brow = _row(b[k], I)
             picol = _col(pi[:, k], B)
             cons += [m[k] <= brow, m[k] <= picol, m[k] >= picol + brow - 1]
-            w_slo = w_slo + m[k] @ Wb[k]
+            w_slo = w_slo + cp.sum(cp.multiply(m[k], Rb[:, k, :]), axis=1)
             cons += [memory[k] + (L_pre / M[k]) @ q[:, k] <= z[k], work[k] <= edges @ h[k]]
             zk.append(z[k])
         variables.update({"b": b, "m": m, "h": h, "q": q})

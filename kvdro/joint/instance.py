@@ -111,8 +111,6 @@ class Instance:
         calibration: a :class:`kvdro.joint.serving.CalibrationTable` (``None``: ``data/calibration_bands.csv``
             of ``calibration_source``); only read when ``serving="calibrated"``.
         calibration_source: ``"real"`` (Azure 2023 training half) or ``"synthetic"`` (the large family's).
-        operating_bands: per configuration, the band index (0-based) at which the calibrated H and
-            memory coefficient are read; ``None``: the top band.
         model: the served model (for the service time (1)).
         name: a label.
     """
@@ -135,7 +133,6 @@ class Instance:
     serving: str = "analytic"
     calibration: object | None = None
     calibration_source: str = "real"
-    operating_bands: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -202,11 +199,6 @@ class Instance:
             raise ValueError(f"calibration: must be a kvdro.joint.serving.CalibrationTable or None, got {type(self.calibration).__name__}")
         if not isinstance(self.calibration_source, str):
             raise ValueError(f"calibration_source: must be a string, got {self.calibration_source!r}")
-        if self.operating_bands is not None:
-            ob = tuple(_whole(b, f"operating_bands[{k}]", minimum=0) for k, b in enumerate(np.ravel(self.operating_bands)))
-            if len(ob) != len(configs) or max(ob) >= self.waiting_bands:
-                raise ValueError(f"operating_bands: need one band index in [0, {self.waiting_bands}) per configuration, got {self.operating_bands!r}")
-            set_(self, "operating_bands", ob)
         if self.serving == "calibrated":
             from kvdro.joint.serving import calibration_for
 
@@ -254,12 +246,8 @@ class Instance:
 
     @cached_property
     def capacity_tokens(self) -> np.ndarray:
-        """M_k [tokens], KV capacity of one group, as (6e) reads it. Calibrated serving model: the
-        effective capacity M_k / m_k, with m_k the simulator's KV occupancy per Little's-law token
-        (:func:`kvdro.joint.serving.kv_ratio`)."""
-        from kvdro.joint.serving import kv_ratio
-
-        return np.array([cfg.kv_capacity_tokens for cfg in self.configs], dtype=float) / kv_ratio(self)
+        """M_k [tokens], KV capacity of one group, as (6e) reads it (both serving models)."""
+        return np.array([cfg.kv_capacity_tokens for cfg in self.configs], dtype=float)
 
     @cached_property
     def max_groups(self) -> np.ndarray:
@@ -279,7 +267,10 @@ class Instance:
 
     @cached_property
     def residence_s(self) -> np.ndarray:
-        """Residence time H_ik [s] (KV blocks held; Little's law in (6e), latency in (6f)), shape (I, K, 2)."""
+        """Residence time H_ik [s] (KV blocks held; Little's law in (6e), latency in (6f)), shape (I, K, 2).
+
+        Calibrated model: the slowest band's, max_j H_ikj; (6f) adds the band offset
+        :func:`kvdro.joint.serving.band_residence_offset_s` (:func:`kvdro.joint.serving.residence_at`)."""
         from kvdro.joint.serving import calibrated_residence_table, residence_table
 
         return calibrated_residence_table(self) if self.serving == "calibrated" else residence_table(self)

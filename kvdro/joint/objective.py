@@ -6,7 +6,8 @@ everything from (z, r, pi, delta) alone:
 * the worst-case expected preemption + waste cost per admitted request at the *given* r_i, by the
   closed form of (8c)-(8g) (:func:`kvdro.wasserstein.worst_case_cost`);
 * the waiting times W_k from the decision itself (Kingman (7), :func:`kvdro.joint.serving.group_state`),
-  the SLO excess s_i = max(0, sum_k pi_ik (W_k + H_ik) - a_i D_i) (6f);
+  the SLO excess s_i = max(0, sum_k pi_ik (W_k + H_ik) - a_i D_i) (6f), with H_ik in k's
+  utilisation band for the calibrated model (:func:`kvdro.joint.serving.residence_at`);
 * GPU and rejection costs.
 
 All costs are per second of operation (see :mod:`kvdro.joint.instance`).
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdro.joint.instance import Instance, Solution
-from kvdro.joint.serving import BAND_TOLERANCE, group_state
+from kvdro.joint.serving import BAND_TOLERANCE, group_state, residence_at, response_at
 
 __all__ = ["Evaluation", "evaluate", "TERMS", "predict_serving"]
 
@@ -36,7 +37,9 @@ class Evaluation:
         total: their sum [cost / s] (``inf`` if some group is overloaded, u_k >= 1).
         class_worst_case: R_i(r_i), worst-case cost per admitted class-i request.
         slo_excess_s: s_i [s] (6f).
-        waiting_s: W_k [s] of the model (:func:`kvdro.joint.serving.waiting_model`);
+        waiting_s: W_k [s] of the model (:func:`kvdro.joint.serving.waiting_model`; in the calibrated
+            model a class with its own calibration row waits its own W_ik instead, which the SLO
+            term reads through :func:`kvdro.joint.serving.response_at`);
             waiting_mix_s: diagnostic Kingman W with each group's own class mix [s]; utilisation: u_k; memory_tokens: KV tokens one group of k needs
             (left side of (6e) divided by z_k) [tokens]; memory_fraction: that over M_k.
         violations: name -> amount (0 = satisfied); see :func:`evaluate`.
@@ -108,9 +111,11 @@ def evaluate(instance: Instance, solution: Solution) -> Evaluation:
     Rw = np.array([instance.worst_case_cost(i, min(max(eta[i], 0.0), top[i])) for i in range(I)])
     a = pi.sum(axis=1)
     state = group_state(instance, z, pi, d)
-    H = np.where(d, instance.residence_s[:, :, 1], instance.residence_s[:, :, 0])
+    H = np.where(d, instance.residence_s[:, :, 1], instance.residence_s[:, :, 0])  # (6e): the slowest band's
+    # (6f): W + H in k's band (for the calibrated model per class where the class has its own row)
+    response = response_at(instance, state.utilisation, d)
     with np.errstate(invalid="ignore"):
-        resp = np.where(pi > 0, pi * (state.waiting_s[None, :] + H), 0.0).sum(axis=1)
+        resp = np.where(pi > 0, pi * response, 0.0).sum(axis=1)
     s = np.maximum(0.0, resp - a * D)
     terms = {
         "preempt_waste": float(lam @ (a * Rw)),
@@ -161,39 +166,62 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
     Returns a JSON-serialisable dict:
 
     * ``e2e_mean_s`` -- mean end-to-end time of admitted requests, sum_k pi_ik (W_k + H_ik) per class
-      (the response time of (6f)), weighted by the admitted rates lambda_i a_i [s];
+      (the response time of (6f); for the calibrated model W_ik and H_ik interpolated between the
+      measured band edges at k's utilisation, :func:`kvdro.joint.serving.interpolated_at`, where
+      (6f) charges the band's upper edge), weighted by the admitted rates lambda_i a_i [s];
     * ``per_class_e2e_mean_s`` -- class name -> that class's mean [s] (``per_class_goodput_rps`` likewise);
     * ``goodput_rps`` -- admitted requests per second that finish within D_i: per class, configuration
       and output sample xi_n, P(W_k <= D_i - H_ik(xi_n)) with the wait an atom at 0 of mass p_k plus an
       exponential of mean W_k / (1 - p_k), and H linear in xi [req/s], with p_k = 1 - u_k (M/G/1's
       idle share) and the residence slope in xi from (1) (analytic model); calibrated model:
-      P(e2e <= D_i) with e2e = R (W_k + a + b L_in + c xi_n) and R drawn from the deciles the
-      simulator measured at the band (:func:`kvdro.joint.serving.ratio_cdf`);
-    * ``kv_utilisation_mean`` -- KV tokens in use over the deployed capacity: per group the
-      Little's-law tokens of (6e) without the headroom kappa, times the calibrated occupancy per
-      token m_k (1 for the analytic model), over the physical M_k;
+      for a class with its own calibration row, P(R (W_ik + H_ik) <= D_i) with R the class's measured
+      end-to-end time over its mean at k's band (:func:`kvdro.joint.serving.ratio_cdf`); otherwise
+      P(wait + R H_ik(xi_n) <= D_i) with the wait and the residence ratio R drawn independently
+      from the quantiles the simulator measured at k's band, the wait's scaled to mean W_k
+      (:func:`kvdro.joint.serving.on_time_share`);
+    * ``kv_utilisation_mean`` -- KV tokens in use over the deployed capacity M_k: analytic model,
+      per group the Little's-law tokens of (6e) without the headroom kappa (reserved tokens r_i held
+      for H_ik); calibrated model, what a soft-reading engine holds, per request its prompt for the
+      residence plus its output as it grows (:func:`kvdro.joint.serving.kv_token_seconds`, with
+      E[xi^2] of the class's samples) times the occupancy ratio m_kj of k's band;
     * ``serving`` -- which serving model produced them.
     """
-    from kvdro.joint.serving import calibration_for, group_state, kv_ratio
+    from kvdro.joint.serving import (
+        band_kv_ratio,
+        band_of,
+        calibration_for,
+        interpolated_at,
+        kv_token_seconds,
+        on_time_share,
+        ratio_cdf,
+    )
 
     ev = evaluate(instance, solution)
     z, r, pi, d = solution.z, solution.r, solution.pi, solution.delta
     lam = instance.rates
-    H = np.where(d, instance.residence_s[:, :, 1], instance.residence_s[:, :, 0])
+    u = ev.utilisation
+    Wik, H = interpolated_at(instance, u, d)  # (I, K) each: between the measured band edges
     W = ev.waiting_s
+    response = Wik + H
     a = pi.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_class = np.where(a > 0, (pi * (W[None, :] + H)).sum(axis=1) / np.where(a > 0, a, 1.0), np.nan)
+        per_class = np.where(a > 0, np.where(pi > 0, pi * response, 0.0).sum(axis=1) / np.where(a > 0, a, 1.0), np.nan)
     flow = lam * a
     e2e = float(np.nansum(flow * per_class) / flow.sum()) if flow.sum() > 0 else float("nan")
 
-    u = group_state(instance, z, pi, d).utilisation
     K = instance.n_configs
-    if instance.serving == "calibrated":
+    calibrated = instance.serving == "calibrated"
+    if calibrated:
         cal = calibration_for(instance)
-        slope = cal.residence[np.arange(K), cal.operating_bands, 2]
-        slope = np.broadcast_to(slope[None, :], pi.shape)
-        deciles = cal.e2e_ratio[np.arange(K), cal.operating_bands]
+        j = band_of(instance, u)
+        j = np.where(j < 0, instance.waiting_bands - 1, np.minimum(j, instance.waiting_bands - 1))
+        slope = np.broadcast_to(cal.residence[np.arange(K), j, 2][None, :], pi.shape)
+        wait_q = cal.wait_quantiles[np.arange(K), j]  # (K, 10) [s]
+        measured = cal.wait_measured_s[np.arange(K), j]
+        with np.errstate(invalid="ignore"):  # scaled from the band's measured mean to the model's W_k (its running maximum)
+            wait_q = wait_q * np.where(np.isfinite(W), W / np.maximum(measured, 1e-9), 0.0)[:, None]
+        res_q = cal.residence_quantiles[np.arange(K), j]
+        class_ratio = cal.class_e2e_ratio[:, np.arange(K), j]  # (I, K, 10), nan without a class row
     else:
         p0 = np.clip(1.0 - u, 0.0, 1.0)
         slope = np.zeros(pi.shape)
@@ -216,24 +244,30 @@ def predict_serving(instance: Instance, solution: Solution) -> dict:
             Wk = W[k]
             if not np.isfinite(Wk):
                 continue
-            if instance.serving == "calibrated":  # the measured spread of e2e around W + H(xi)
-                from kvdro.joint.serving import ratio_cdf
-
-                ok = ratio_cdf(deciles[k], float(c.slo_s) / np.maximum(Wk + h, 1e-6))
+            if calibrated and np.all(np.isfinite(class_ratio[i, k])):  # the class's own measured spread
+                ok = np.array(ratio_cdf(class_ratio[i, k], float(c.slo_s) / max(float(response[i, k]), 1e-6)))
+            elif calibrated:  # the measured spreads of the wait and of the residence around its line
+                ok = np.array(on_time_share(wait_q[k], res_q[k], xi, h, float(c.slo_s)))
             else:
                 tail = Wk / max(1.0 - p0[k], 1e-9)
                 ok = np.where(slack < 0, 0.0, p0[k] + (1 - p0[k]) * (1 - np.exp(-slack / tail)) if tail > 0 else 1.0)
             good[i] += lam[i] * pi[i, k] * float(ok.mean())
 
-    m = kv_ratio(instance)
     L_pre = instance.prefix_tokens
     used = 0.0
     cap = 0.0
+    if calibrated:
+        m = band_kv_ratio(instance, u)
+        xi2 = np.array([float(np.mean(np.square(np.asarray(c.output_tokens, dtype=float)))) for c in instance.classes])
     for k, cfg in enumerate(instance.configs):
         if z[k] <= 0:
             continue
-        tokens = float(lam @ (pi[:, k] * H[:, k] * (r - d[:, k] * L_pre))) + z[k] * float(d[:, k] @ L_pre)
-        used += m[k] * tokens
+        prefix = z[k] * float(d[:, k] @ L_pre)
+        if calibrated:  # what a soft-reading engine holds: prompts for the residence, outputs as they grow
+            held = kv_token_seconds(instance.input_tokens - d[:, k] * L_pre, H[:, k], slope[:, k], xi2)
+            used += m[k] * (float(lam @ (pi[:, k] * held)) + prefix)
+        else:  # Little's law on the reserved tokens, as (6e) without the headroom kappa
+            used += float(lam @ (pi[:, k] * H[:, k] * (r - d[:, k] * L_pre))) + prefix
         cap += z[k] * cfg.kv_capacity_tokens
     return {
         "serving": instance.serving,
