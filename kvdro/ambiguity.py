@@ -679,6 +679,20 @@ def _split_cost(kind, fit, check, c_p, c_w, radii, L_max):
     return out
 
 
+def _validation_inputs(kind: str, samples: ArrayLike, c_p: float, c_w: float, radii: ArrayLike):
+    """The checked (samples, radii) of a validation rule (ValueError naming the bad argument)."""
+    _kind(kind)
+    x = as_samples(samples)
+    check_costs(c_p, c_w, positive=True)
+    return x, _validate_radii(radii)
+
+
+def _least_cost(radii: NDArray[np.float64], cost: NDArray[np.float64]) -> CVResult:
+    """The radius of least validation cost; ties (to 1e-12 relative) go to the smaller radius."""
+    best = int(np.flatnonzero(cost <= cost.min() * (1 + 1e-12))[0])
+    return CVResult(float(radii[best]), radii, cost)
+
+
 def cv_radius(
     kind: str,
     samples: ArrayLike,
@@ -696,10 +710,7 @@ def cv_radius(
     The radius of least mean validation cost (weighted by chunk size) wins; ties go to the smaller
     radius. Never fits on the future.
     """
-    _kind(kind)
-    x = as_samples(samples)
-    check_costs(c_p, c_w, positive=True)
-    r = _validate_radii(radii)
+    x, r = _validation_inputs(kind, samples, c_p, c_w, radii)
     k = _count(n_folds, "n_folds")
     if x.size < 2 * (k + 1):
         raise ValueError(f"samples must hold at least {2 * (k + 1)} values for {k} folds, got {x.size}")
@@ -709,9 +720,7 @@ def cv_radius(
         fit, check = x[: edges[j]], x[edges[j] : edges[j + 1]]
         total += check.size * _split_cost(kind, fit, check, c_p, c_w, r, L_max)
         weight += check.size
-    cost = total / weight
-    best = int(np.flatnonzero(cost <= cost.min() * (1 + 1e-12))[0])
-    return CVResult(float(r[best]), r, cost)
+    return _least_cost(r, total / weight)
 
 
 def holdout_radius(
@@ -726,17 +735,12 @@ def holdout_radius(
 ) -> CVResult:
     """Hold-out validation: fit on the first ``fraction`` of the time-ordered ``samples``, validate
     on the rest; the radius of least validation cost (ties: the smaller)."""
-    _kind(kind)
-    x = as_samples(samples)
-    check_costs(c_p, c_w, positive=True)
-    r = _validate_radii(radii)
+    x, r = _validation_inputs(kind, samples, c_p, c_w, radii)
     f = _finite_scalar(fraction, "fraction")
     cut = int(round(f * x.size))
     if not 0 < f < 1 or cut < 1 or cut >= x.size:
         raise ValueError(f"fraction must leave samples on both sides, got {fraction!r}")
-    cost = _split_cost(kind, x[:cut], x[cut:], c_p, c_w, r, L_max)
-    best = int(np.flatnonzero(cost <= cost.min() * (1 + 1e-12))[0])
-    return CVResult(float(r[best]), r, cost)
+    return _least_cost(r, _split_cost(kind, x[:cut], x[cut:], c_p, c_w, r, L_max))
 
 
 # =========================================================================== context

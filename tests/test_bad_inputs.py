@@ -305,3 +305,17 @@ def test_cli_names_the_file_its_column_and_the_row(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(bad) in err and "'ContextTokens'" in err and "data row 1 (line 3 of the file)" in err
     assert "input_tokens" not in err and "np.int64" not in err
+
+
+def test_check_trace_prints_plain_values():
+    """A bad cell is quoted as the number it is (0), not as numpy's repr (np.int64(0))."""
+    import pandas as pd
+
+    from kvdro.sim.simulate import check_trace
+
+    bad = pd.DataFrame({"arrival_s": [0.0, 1.0], "input_tokens": [12, 0], "output_tokens": [5, 5], "request_class": ["a", "a"]})
+    with pytest.raises(ValueError, match=r"row 1 has 0$") as err:
+        check_trace(bad)
+    assert "np." not in str(err.value)
+    with pytest.raises(ValueError, match=r"row 0 has 'x'$"):
+        check_trace(bad.assign(input_tokens=[12, 3], output_tokens=["x", 5]))

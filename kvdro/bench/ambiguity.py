@@ -320,7 +320,7 @@ def realised(trace: str) -> pd.DataFrame:
     half served at chapter 8's load (x 0.5) with outputs x s, on the default deployment (memory never
     binds) and on the memory-tight 4 x TP2-PP1. Both accountings per served request."""
     from kvdro.experiments import traces as tr
-    from kvdro.experiments.sweeps import DEFAULT_LOAD, _slo_map, _summary
+    from kvdro.experiments.sweeps import DEFAULT_LOAD, run_summary, slo_by_class
     from kvdro.sim import default_deployment, simulate
 
     train, test = split(trace)
@@ -335,11 +335,11 @@ def realised(trace: str) -> pd.DataFrame:
             t = tr.shift(t, shift) if shift != 1.0 else t
             for dep_name in DEPLOYMENTS:
                 config = dep_name.split(" x ")[1]
-                dep = default_deployment(slo_s=_slo_map(train), config=config)
+                dep = default_deployment(slo_s=slo_by_class(train), config=config)
                 for label in REALISED_METHODS:
                     res = simulate(t, policy="dro", buffers={cls: fitted[label][1]}, deployment=dep, rho=rho,
                                    rng=np.random.default_rng([SEED, 3]))
-                    out = _summary(res, len(t))
+                    out = run_summary(res, len(t))
                     rows.append({"trace": trace, "rho": rho, "shift": shift, "deployment": dep_name, "method": label,
                                  "eta": fitted[label][1], "realised_per_req": out["cost_realised_per_req"],
                                  "paper_per_req": out["cost_paper_per_req"], "newsvendor_per_req": out["newsvendor_per_req"],

@@ -69,6 +69,8 @@ __all__ = [
     "fig6",
     "plan_cell",
     "policy_cell",
+    "run_summary",
+    "slo_by_class",
     "table2",
     "table4",
     "table5",
@@ -93,7 +95,9 @@ SHIFT_CAP = None
 # ------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------
-def _slo_map(train: pd.DataFrame) -> dict[str, float]:
+def slo_by_class(train: pd.DataFrame) -> dict[str, float]:
+    """Class name -> SLO D_i [s] of :func:`kvdro.workload.default_slo_s` at the class's mean output
+    length in ``train`` (the deadline every sweep's deployment uses)."""
     from kvdro.workload import default_slo_s
 
     return {str(c): default_slo_s(float(g["output_tokens"].mean())) for c, g in train.groupby("request_class", sort=True)}
@@ -152,7 +156,7 @@ def _simulate(test, *, reservation: str | None = None, **kw):
     return simulate(test, **kw)
 
 
-def _summary(res, n_requests: int, *, hist: bool = False) -> dict:
+def run_summary(res, n_requests: int, *, hist: bool = False) -> dict:
     """Metrics + both cost accountings of one simulation (see module docstring), and the per-block
     sums the bootstrap needs."""
     m = {k: v for k, v in res.metrics.items() if k != "wall_s"}
@@ -226,10 +230,10 @@ def policy_cell(
     load = point.load if load is None else load
     train, test = _test_part(trace, seed, quick=quick, load=load, shift=shift)
     buffers = policy_buffers(policy, train, rho=rho, eps_fraction=eps_fraction)
-    dep = default_deployment(config=point.config, groups=point.groups, slo_s=_slo_map(train), max_num_seqs=int(max_num_seqs))
+    dep = default_deployment(config=point.config, groups=point.groups, slo_s=slo_by_class(train), max_num_seqs=int(max_num_seqs))
     res = _simulate(test, reservation=reservation, policy=policy, buffers=buffers, deployment=dep, rho=rho,
                     rng=np.random.default_rng([int(seed), 1]))
-    return _summary(res, len(test)) | {"cpu_s": time.process_time() - t0}
+    return run_summary(res, len(test)) | {"cpu_s": time.process_time() - t0}
 
 
 def _policy_sweep(cells: list[dict], n_jobs, progress, desc) -> pd.DataFrame:
@@ -338,7 +342,7 @@ def drift_cell(
     test = tr.head(parts.test, QUICK_TEST_S) if quick else parts.test
     test = tr.drift(tr.scale_load(test, load), s_end, n_windows, max_output_tokens=SHIFT_CAP)
     base = policy_buffers(policy, parts.train, rho=rho)
-    slo = _slo_map(parts.train)
+    slo = slo_by_class(parts.train)
     labelled = test.copy()
     labelled["request_class"] = [f"{c}@{w}" for c, w in zip(test["request_class"], test["window"])]
     buffers: dict[str, float] = {}
@@ -356,7 +360,7 @@ def drift_cell(
     present = set(labelled["request_class"])
     res = _simulate(labelled, reservation=reservation, policy=policy, buffers={k: v for k, v in buffers.items() if k in present},
                    deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 2]))
-    out = _summary(res, len(test))
+    out = run_summary(res, len(test))
     req = res.requests
     served = req["outcome"].isin(["completed", "truncated"]).to_numpy()
     L = req["input_tokens"].to_numpy()
@@ -488,7 +492,7 @@ def plan_cell(
     dep = deployment_from_solution(inst, sol)
     res = _simulate(test, reservation=reservation, policy="saa" if variant == "no-dro" else "dro", buffers=buffers_from_solution(inst, sol),
                     deployment=dep, rho=rho, rng=np.random.default_rng([int(seed), 4]))
-    out = _summary(res, len(test), hist=True)
+    out = run_summary(res, len(test), hist=True)
     out.update(
         {
             "plan": dep.describe(),

@@ -77,6 +77,11 @@ class SimResult:
     safety_rules: bool = True
 
 
+def _plain(value):
+    """A cell as a plain Python value for a message (``0``, not ``np.int64(0)``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
     """Validate a tidy trace; ValueError names the column and the first bad row."""
     if not isinstance(trace, pd.DataFrame):
@@ -90,7 +95,7 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
     bad = ~np.isfinite(t) | (t < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{argument}: column 'arrival_s' must hold finite times >= 0 [s]; row {i} has {trace['arrival_s'].iloc[i]!r}")
+        raise ValueError(f"{argument}: column 'arrival_s' must hold finite times >= 0 [s]; row {i} has {_plain(trace['arrival_s'].iloc[i])!r}")
     for col in ("input_tokens", "output_tokens"):
         v = pd.to_numeric(trace[col], errors="coerce").to_numpy(dtype=float)
         bad = ~np.isfinite(v) | (v < 0) | (v != np.round(v))
@@ -99,7 +104,7 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{argument}: column {col!r} must hold {'positive' if col == 'input_tokens' else 'non-negative'} "
-                             f"integer token counts; row {i} has {trace[col].iloc[i]!r}")
+                             f"integer token counts; row {i} has {_plain(trace[col].iloc[i])!r}")
     return trace
 
 
