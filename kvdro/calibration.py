@@ -489,8 +489,9 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
     """For each (size, load) and serving model: the plan, its prediction and its simulation on the
     instance's test half.
 
-    Returns (metrics, plans, loops): ``metrics`` tidy rows (size, load, serving, trace_seed, scope =
-    "all" or a class name, metric, predicted, simulated; ``trace_seed`` = ``seed`` for the instance's
+    Returns (metrics, plans, loops): ``metrics`` tidy rows (size, load, serving, half = "test", or
+    "train" for the plan simulated in sample on the training half at the planned rate, trace_seed,
+    scope = "all" or a class name, metric, predicted, simulated; ``trace_seed`` = ``seed`` for the instance's
     own test half, :data:`EXTRA_TRACE_SEEDS` for further realisations of the large instance's traffic,
     overall metrics only; ``predicted_at_test_rates`` is the same plan predicted at that test trace's
     realised class rates, :func:`realised_rates`); ``plans`` one row per plan (configuration, buffers,
@@ -523,6 +524,12 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
                 metrics.append({"size": size, "load": load, "serving": serving, "trace_seed": seed, "scope": c.name, "metric": "goodput_rps",
                                 "predicted": pred["per_class_goodput_rps"][c.name], "simulated": obs["per_class_goodput_rps"][c.name],
                                 "predicted_at_test_rates": at_test["per_class_goodput_rps"][c.name]})
+            # in sample: the same plan on the training half it was made for (at the planned rate)
+            train = at_rate(paper_trace(size, seed, load=load, part="train"), float(inst.rates.sum()))
+            own = observed(inst, simulate_solution(inst, sol, train, seed=seed))
+            for m in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
+                metrics.append({"size": size, "load": load, "serving": serving, "half": "train", "trace_seed": seed, "scope": "all",
+                                "metric": m, "predicted": pred[m], "simulated": own[m]})
             row = {"size": size, "load": load, "serving": serving, **_describe_plan(inst, sol),
                    "objective": float(evaluate(inst, sol).total), "cost_realised_per_s": obs["cost_realised_per_s"],
                    "cost_paper_per_s": obs["cost_paper_per_s"], "plan_s": plan_s,
@@ -547,4 +554,6 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
             if progress:
                 print(f"agreement {size} load {load} {serving}: {row['z']}, pred/sim e2e {pred['e2e_mean_s']:.1f}/{obs['e2e_mean_s']:.1f} s, "
                       f"KV {pred['kv_utilisation_mean']:.3f}/{obs['kv_utilisation_mean']:.3f} ({plan_s:.0f} s)", file=sys.stderr)
-    return pd.DataFrame(metrics), pd.DataFrame(plans), pd.concat(loops, ignore_index=True) if loops else pd.DataFrame()
+    metrics = pd.DataFrame(metrics)
+    metrics.insert(3, "half", metrics.pop("half").fillna("test"))
+    return metrics, pd.DataFrame(plans), pd.concat(loops, ignore_index=True) if loops else pd.DataFrame()
