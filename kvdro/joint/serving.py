@@ -41,7 +41,8 @@ per configuration k and utilisation band j (the bands of :func:`band_edges`):
 * the work ``T_ik`` = analytic work x ``work_scale_k``, where ``work_scale_k`` makes ``u = 1`` the
   simulated saturation throughput of one group of k (so u is a share of what the engine delivers);
 * the waiting time ``W_kj`` = the simulator's mean wait of a group run at the band's upper edge
-  (replaces phi_k(u_j) in :func:`band_waiting_s`; still a step function of the band);
+  (replaces phi_k(u_j) in :func:`band_waiting_s`; still a step function of the band, read as a
+  running maximum over the bands so that it bounds each band from above);
 * the residence ``H_ikj = a_kj + b_k (L_in^i - delta L_pre^i) + c_kj E[xi_i]`` (a least-squares line
   over the simulated requests, with one prompt slope b_k per configuration and an intercept and an
   output slope per band), **banded by utilisation like W**: a group run at a lower utilisation holds
@@ -58,6 +59,15 @@ per configuration k and utilisation band j (the bands of :func:`band_edges`):
   predicts: per request its prompt for the whole residence plus one token per decode step,
   ``(L_in - delta L_pre) H_ikj + c_kj E[xi_i^2] / 2`` tokens x seconds, times the occupancy ratio
   ``m_kj`` the simulator measured against that formula (block rounding, prefill and preemption).
+* **per class** where the table has a class's own row (``data/calibration_classes.csv``, by class
+  name, >= :data:`MIN_CLASS_REQUESTS` requests): W_ikj and H_ikj are that class's measured means
+  (:func:`band_class_waiting_s`; a bursty class waits longer than the mix on the same group), and
+  goodput reads the class's measured spread of end-to-end time; other classes use the
+  configuration's W_kj and line. The MILP's band split carries W_ikj + dH_ikj either way.
+
+What the calibrated model still cannot see is the mix a *plan* gives a group (a group that takes
+all the bursty classes waits far longer than the single-group runs on the whole mix):
+:func:`kvdro.calibration.calibration_loop` measures that one plan at a time.
 """
 
 from __future__ import annotations
