@@ -6,8 +6,9 @@ everything from (z, r, pi, delta) alone:
 * the worst-case expected preemption + waste cost per admitted request at the *given* r_i, by the
   closed form of (8c)-(8g) (:func:`kvdro.wasserstein.worst_case_cost`);
 * the waiting times W_k from the decision itself (Kingman (7), :func:`kvdro.joint.serving.group_state`),
-  the SLO excess s_i = max(0, sum_k pi_ik (W_k + H_ik) - a_i D_i) (6f), with H_ik in k's
-  utilisation band for the calibrated model (:func:`kvdro.joint.serving.residence_at`);
+  the SLO excess s_i = max(0, sum_k pi_ik (W_k + H_ik) - a_i D_i) (6f), with W_k + H_ik read in
+  k's utilisation band, per class where the calibrated model has the class's own row
+  (:func:`kvdro.joint.serving.response_at`);
 * GPU and rejection costs.
 
 All costs are per second of operation (see :mod:`kvdro.joint.instance`).
