@@ -51,7 +51,6 @@ from kvdro.joint.serving import (
     QUANTILE_LEVELS,
     RESIDENCE_QUANTILE_COLUMNS,
     WAIT_QUANTILE_COLUMNS,
-    CalibrationTable,
     band_edges,
     band_of,
     residence_bin,

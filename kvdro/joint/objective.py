@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdro.joint.instance import Instance, Solution
-from kvdro.joint.serving import BAND_TOLERANCE, group_state, residence_at, response_at
+from kvdro.joint.serving import BAND_TOLERANCE, group_state, response_at
 
 __all__ = ["Evaluation", "evaluate", "TERMS", "predict_serving"]
 
