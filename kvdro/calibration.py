@@ -74,6 +74,11 @@ __all__ = [
     "AGREEMENT_CELLS",
     "plan_for",
     "agreement",
+    "MIX_BANDS",
+    "family_of",
+    "measure_mixes",
+    "plan_groups",
+    "first_plan_groups",
 ]
 
 #: Requests of the closed-loop saturation run.
@@ -556,3 +561,135 @@ def agreement(cells=AGREEMENT_CELLS, *, seed: int = 0, progress: bool = False) -
     metrics = pd.DataFrame(metrics)
     metrics.insert(3, "half", metrics.pop("half").fillna("test"))
     return metrics, pd.DataFrame(plans), pd.concat(loops, ignore_index=True) if loops else pd.DataFrame()
+
+
+# ------------------------------------------------------------------------------------------------
+# what a single group serving the whole mix cannot see: the group's mix (chapter 7, the loop)
+# ------------------------------------------------------------------------------------------------
+
+#: Bands of the mix study (0-based; upper edges u = 0.60 and 0.80 at u_max = 0.9, B = 10).
+MIX_BANDS = (3, 6)
+#: Families of request classes: the Azure trace a class was cut from (the start of its name).
+FAMILIES = ("code", "conversation")
+
+
+def family_of(names) -> np.ndarray:
+    """The family of each request class name (:data:`FAMILIES`: the part before the first ``-``).
+
+    Raises:
+        ValueError: a name that starts with no known family.
+    """
+    fam = np.array([str(n).split("-", 1)[0] for n in names], dtype=object)
+    bad = sorted({str(n) for n, f in zip(names, fam) if f not in FAMILIES})
+    if bad:
+        raise ValueError(f"request_class: {bad[:3]} start with no family of {FAMILIES}")
+    return fam
+
+
+def _family_waits(req: pd.DataFrame) -> dict[str, tuple[int, float, float]]:
+    done = _served(req)
+    out = {}
+    for fam, g in done.groupby(family_of(done["request_class"])):
+        out[str(fam)] = (int(len(g)), float(g["wait_s"].mean()), float(g["e2e_s"].mean()))
+    return out
+
+
+def measure_mixes(source: str = "real", *, instance: Instance | None = None, seed: int = 0, rho: float = 10.0,
+                  configs=None, bands=MIX_BANDS, thin: bool = True) -> pd.DataFrame:
+    """One group of each configuration k at the upper edge u_j of band j, serving the training half's
+    whole mix (the table's own band run: same thinning, same generator), or one family of classes
+    alone (:data:`FAMILIES`), thinned the same way (:func:`_at`) to the same utilisation
+    ``u_j = lambda Tbar_f work_scale_k`` (Tbar_f: the analytic work (1) of the family's mix;
+    work_scale_k: the table's). ``thin=False``: every run is the trace slowed down to its rate
+    instead (:func:`at_rate`: all requests, bursts kept whole -- what a group receives when a plan
+    routes a class's whole stream to it at a load below 1).
+
+    Returns one row per (config, band, mix, family served): ``mix`` "whole" or the family alone,
+    ``u_family`` the served family's part of u (its share of the mix's analytic work; u itself when
+    alone), ``requests`` served, ``wait_mean_s`` and ``e2e_mean_s`` [s] -- what the calibrated table, measured
+    on the whole mix only, cannot tell the planner about a group that routing gives one family.
+    """
+    from kvdro.joint.paper import paper_instance
+    from kvdro.joint.serving import load_calibration
+
+    inst = paper_instance("small", 0) if instance is None else instance
+    train = training_trace(source)
+    fam = family_of(train["request_class"])
+    table = load_calibration(source).frame.set_index(["config", "band"])
+    buffers = dict(policy_buffers("dro", train, rho=rho))
+    edges = band_edges(inst)
+    rows = []
+    for k, perf in enumerate(inst.configs):
+        cfg = perf.config
+        if configs is not None and cfg.name not in configs:
+            continue
+        dep = Deployment(groups=(cfg,), model=inst.model)
+        for j in bands:
+            if not 0 <= int(j) < len(edges):
+                raise ValueError(f"bands: {j} is not a band of this instance (0..{len(edges) - 1})")
+            row = table.loc[(cfg.name, int(j))]
+            u = float(edges[j])
+            mixes = [("whole", train, float(row["rate_rps"]), np.random.default_rng([int(seed), 15, k, int(j)]))]
+            for f, name in enumerate(FAMILIES):
+                part = train[fam == name]
+                rate = u / (float(row["work_scale"]) * _analytic_work(inst.model, perf, part))
+                mixes.append((name, part, rate, np.random.default_rng([int(seed), 16, k, int(j), f])))
+            # each family's part of u in the whole mix: its share of the mix's analytic work
+            work = {name: float((fam == name).sum()) * _analytic_work(inst.model, perf, train[fam == name]) for name in FAMILIES}
+            for mix, part, rate, rng in mixes:
+                trace = _at(part, rate, rng) if thin else at_rate(part, rate)
+                res = simulate(trace, policy="dro", buffers=buffers, deployment=dep, rho=rho,
+                               rng=np.random.default_rng(0))
+                for served, (n, w, e2e) in _family_waits(res.requests).items():
+                    u_family = u * work[served] / sum(work.values()) if mix == "whole" else u
+                    rows.append({"source": source, "config": cfg.name, "band": int(j), "u_edge": u, "mix": mix,
+                                 "family": served, "u_family": u_family, "rate_rps": rate, "requests": n,
+                                 "wait_mean_s": w, "e2e_mean_s": e2e})
+    return pd.DataFrame(rows)
+
+
+def plan_groups(instance: Instance, solution: Solution, res) -> pd.DataFrame:
+    """The groups of a simulated plan (``res`` = :func:`kvdro.sim.plan.simulate_solution`) by family:
+    per deployed group, its configuration, planned utilisation and band, the share of its served
+    requests from the code family, and per family the served requests, the simulated mean wait
+    [s] and what the calibrated table charges them (the request-weighted mean of the classes' W_ikj
+    at the band's upper edge, :func:`kvdro.joint.serving.band_class_waiting_s`)."""
+    from kvdro.joint.serving import band_class_waiting_s, group_state
+
+    u = group_state(instance, solution.z, solution.pi, solution.delta).utilisation
+    bands = band_of(instance, u)
+    W = band_class_waiting_s(instance)
+    index = {c.name: i for i, c in enumerate(instance.classes)}
+    owner = np.repeat(np.arange(instance.n_configs), np.asarray(solution.z, dtype=int))
+    done = _served(res.requests)
+    rows = []
+    for g, k in enumerate(owner):
+        mine = done[done["group"] == g]
+        if mine.empty:
+            continue
+        fam = family_of(mine["request_class"])
+        j = int(min(max(bands[k], 0), instance.waiting_bands - 1))
+        for name in FAMILIES:
+            part = mine[fam == name]
+            if part.empty:
+                continue
+            charged = W[[index[c] for c in part["request_class"]], k, j]
+            rows.append({"group": g, "config": instance.configs[k].config.name, "u": float(u[k]), "band": int(bands[k]),
+                         "code_share": float((fam == "code").mean()), "family": name, "requests": int(len(part)),
+                         "wait_sim_s": float(part["wait_s"].mean()), "wait_table_s": float(charged.mean())})
+    return pd.DataFrame(rows)
+
+
+def first_plan_groups(size: str = "small", load: float = 0.5, *, seed: int = 0) -> pd.DataFrame:
+    """:func:`plan_groups` of the first plan of :func:`calibration_loop` for the paper instance
+    ``size`` at ``load`` (the exact MILP on the cached table), simulated on the training half at the
+    planned rate (what the loop's first iteration simulates)."""
+    from kvdro.joint import paper_instance
+    from kvdro.joint.serving import load_calibration
+    from kvdro.sim.plan import simulate_solution
+
+    inst = paper_instance(size, seed, load=load, serving="calibrated")
+    inst = replace(inst, calibration=load_calibration(inst.calibration_source))
+    train = at_rate(paper_trace(size, seed, load=load, part="train"), float(inst.rates.sum()))
+    sol = solve_exact(inst)
+    return plan_groups(inst, sol, simulate_solution(inst, sol, train, seed=seed))

@@ -242,3 +242,56 @@ def test_classes_read_their_own_rows(small):
     mid = np.full(small.n_configs, (edges[3] + edges[4]) / 2)
     Wm, Hm = interpolated_at(small, mid, d)
     assert np.all(Wm + Hm <= response_at(small, mid, d) + 1e-9)  # between edges: below the step's bound
+
+
+def test_family_of_names_the_trace_a_class_came_from():
+    from kvdro.calibration import family_of
+
+    assert list(family_of(["code-long", "conversation-short-s03"])) == ["code", "conversation"]
+    with pytest.raises(ValueError, match="request_class"):
+        family_of(["code-long", "chat-short"])
+
+
+def test_mix_runs_reproduce_the_table_and_split_u(data_dir):
+    """The whole-mix run of measure_mixes is the table's own band run (its families' waits average to
+    the table's W); the families' parts of u add up to u; the code family alone, at the same u, waits
+    longer than the code requests of the whole mix (what the single-group table cannot see)."""
+    from kvdro.calibration import measure_mixes
+
+    m = measure_mixes("real", configs=("TP4-PP1",), bands=(3,))
+    table = load_calibration("real").frame.query("config == 'TP4-PP1' and band == 3").iloc[0]
+    whole = m[m["mix"] == "whole"]
+    assert np.isclose(np.average(whole["wait_mean_s"], weights=whole["requests"]), table["wait_mean_s"], rtol=1e-5)
+    assert np.isclose(whole["u_family"].sum(), table["u_edge"], rtol=1e-5)
+    alone = m[m["mix"] != "whole"]
+    assert (alone["mix"] == alone["family"]).all() and np.allclose(alone["u_family"], table["u_edge"], rtol=1e-5)
+    code = m[m["family"] == "code"].set_index("mix")["wait_mean_s"]
+    assert code["code"] > 2 * code["whole"]
+    with pytest.raises(ValueError, match="bands"):
+        measure_mixes("real", configs=("TP4-PP1",), bands=(10,))
+
+
+def test_plan_groups_splits_a_run_by_group_and_family(small):
+    """plan_groups' rows are the run's served requests by group and family, with their mean wait."""
+    from types import SimpleNamespace
+
+    from kvdro.calibration import plan_groups
+    from kvdro.joint import Solution
+
+    I, K = small.n_classes, small.n_configs
+    pi = np.zeros((I, K))
+    pi[:3, 1] = 1.0  # the code classes on TP4-PP1, the conversation classes on TP2-PP2
+    pi[3:, 2] = 1.0
+    sol = Solution(z=np.array([0, 1, 1, 0]), r=small.input_tokens + 100.0, pi=pi, delta=np.zeros((I, K), dtype=bool),
+                   method="test", status="test")
+    req = pd.DataFrame({
+        "request_class": ["code-long", "code-short", "conversation-long", "conversation-long", "code-long"],
+        "group": [0, 0, 1, 1, 0], "wait_s": [1.0, 3.0, 0.5, 1.5, 8.0],
+        "outcome": ["completed", "truncated", "completed", "completed", "rejected"],
+    })
+    rows = plan_groups(small, sol, SimpleNamespace(requests=req)).set_index(["group", "family"])
+    assert list(rows.index) == [(0, "code"), (1, "conversation")]
+    assert rows.loc[(0, "code"), "requests"] == 2 and rows.loc[(0, "code"), "wait_sim_s"] == pytest.approx(2.0)
+    assert rows.loc[(1, "conversation"), "wait_sim_s"] == pytest.approx(1.0)
+    assert rows.loc[(0, "code"), "config"] == "TP4-PP1" and rows.loc[(0, "code"), "code_share"] == 1.0
+    assert rows["wait_table_s"].gt(0).all()

@@ -10,9 +10,13 @@ Writes the cached data of chapter 7's section "One model for planner and engine"
   goodput and KV use, overall and per class, for the analytic and the calibrated plan of the small
   and large instances at load 0.5 and 1.0;
 * ``data/calibration_plans.csv`` -- those plans (configuration, buffers, routing distance, costs);
-* ``data/calibration_loop.csv`` -- each iteration of the plan -> simulate -> recalibrate loops.
+* ``data/calibration_loop.csv`` -- each iteration of the plan -> simulate -> recalibrate loops;
+* ``data/calibration_mix.csv`` -- one group of each configuration at every band serving the real
+  training half's whole mix or one family of classes alone (:func:`kvdro.calibration.measure_mixes`);
+* ``data/calibration_mix_plan.csv`` -- the groups of the small instance's first calibrated plan at
+  load 0.5 by family: simulated wait against what the table charges (:func:`kvdro.calibration.plan_groups`).
 
-``--parts bands`` (or ``agreement``) regenerates one part; the agreement needs the bands.
+``--parts bands`` (or ``agreement``, ``mix``) regenerates one part; the agreement and the mix need the bands.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvdro.bench calibration", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="bands,agreement", help="comma-separated: bands, agreement (default both)")
+    parser.add_argument("--parts", default="bands,agreement,mix", help="comma-separated: bands, agreement, mix (default all)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    unknown = parts - {"bands", "agreement"}
+    unknown = parts - {"bands", "agreement", "mix"}
     if unknown:
         parser.error(f"--parts: unknown part(s) {sorted(unknown)}")
 
@@ -55,4 +59,13 @@ def main(argv: list[str]) -> int:
               f"{time.perf_counter() - start:.1f} s")
         with __import__("pandas").option_context("display.width", 200, "display.max_columns", 20):
             print(plans[["size", "load", "serving", "z", "objective", "cost_realised_per_s", "loop_iterations", "plan_s"]].round(2).to_string(index=False))
+    if "mix" in parts:
+        start = time.perf_counter()
+        mixes = cal.measure_mixes("real", bands=range(10))
+        mixes.to_csv(DATA / "calibration_mix.csv", index=False, float_format="%.6g")
+        with quiet_fd1():
+            groups = cal.first_plan_groups("small", 0.5)
+        groups.to_csv(DATA / "calibration_mix_plan.csv", index=False, float_format="%.6g")
+        print(f"data/calibration_mix.csv ({len(mixes)} rows) and calibration_mix_plan.csv regenerated in "
+              f"{time.perf_counter() - start:.1f} s")
     return 0
