@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import jupytext
@@ -152,18 +153,38 @@ def test_first_code_cell_installs_kvdro_only_where_missing(kit, name):
 
 
 # ----------------------------------------------------------------------------------------- grading
+#: ``otter run`` processes at once: each grades one notebook in its own kernel (one core each).
+GRADING_WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def graded(kit, tmp_path_factory) -> dict[tuple[str, str], Future]:
+    """Every master and every blank student notebook graded by ``otter run``, :data:`GRADING_WORKERS`
+    at a time: {(name, "master" | "student"): future of :func:`_otter_run`'s scores}. A failed run
+    raises in the test that reads it."""
+    jobs = {}
+    with ThreadPoolExecutor(GRADING_WORKERS) as pool:
+        for name in ASSIGNMENTS:
+            jobs[(name, "master")] = pool.submit(_otter_run, kit, name, kit / name / "autograder" / f"{name}.ipynb",
+                                                 tmp_path_factory.mktemp(f"{name}-master"))
+            # --debug: otter stops (non-zero exit) on the first cell that raises, so the blank notebook's
+            # run also proves that it runs top to bottom
+            jobs[(name, "student")] = pool.submit(_otter_run, kit, name, kit / name / "student" / f"{name}.ipynb",
+                                                  tmp_path_factory.mktemp(f"{name}-student"), debug=True)
+        wait(jobs.values())
+    return jobs
+
+
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_master_gets_full_points(kit, name, tmp_path):
-    scores = _otter_run(kit, name, kit / name / "autograder" / f"{name}.ipynb", tmp_path)
+def test_master_gets_full_points(graded, name):
+    scores = graded[(name, "master")].result()
     expected = _autograded(name)
     assert {q: s for q, (s, _) in scores.items()} == expected, f"{name}: scores {scores}, points {expected}"
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_blank_student_notebook_runs_and_scores_zero(kit, name, tmp_path):
-    # --debug: otter stops (non-zero exit) on the first cell that raises, so this also proves that the
-    # blank notebook runs top to bottom
-    scores = _otter_run(kit, name, kit / name / "student" / f"{name}.ipynb", tmp_path, debug=True)
+def test_blank_student_notebook_runs_and_scores_zero(graded, name):
+    scores = graded[(name, "student")].result()
     assert {q: m for q, (_, m) in scores.items()} == _autograded(name)
     assert {q: s for q, (s, _) in scores.items() if s != 0} == {}, f"{name}: a blank notebook scores points: {scores}"
 

@@ -47,6 +47,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("KVDRO_BOOK_HTML") or ROOT / "_build" / "html")
 LAPTOP_PX = 1280
 PHONE_PX = 400
+#: Headless Chromiums at once (each page load renders in its own browser and profile).
+BROWSER_WORKERS = 2
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 OFFLINE_FLAGS = [
     "--headless",
@@ -127,13 +130,16 @@ def pages() -> list[Path]:
 def test_every_chapter_page_renders_charts_and_math_offline(pages):
     problems = []
     charts_seen = 0
+    expected = {}
     for page in pages:
         before = static_dom(page)
-        n_charts = len(before.select("div.kvdro-chart"))
-        n_math = len(before.select(".math"))
-        if n_charts == 0 and n_math == 0:
-            continue
-        dom = rendered_dom(page)
+        n_charts, n_math = len(before.select("div.kvdro-chart")), len(before.select(".math"))
+        if n_charts or n_math:
+            expected[page] = (n_charts, n_math)
+    with ThreadPoolExecutor(BROWSER_WORKERS) as pool:
+        rendered = dict(zip(expected, pool.map(rendered_dom, expected)))
+    for page, (n_charts, n_math) in expected.items():
+        dom = rendered[page]
         charts = dom.select("div.kvdro-chart")
         if len(charts) != n_charts:
             problems.append(f"{page.name}: {n_charts} charts in the HTML, {len(charts)} after scripts ran")
@@ -420,13 +426,19 @@ def nan_cells(dom: bs4.BeautifulSoup) -> list[str]:
     return bad
 
 
-def layout_pages(pages: list[Path]) -> list[Path]:
-    return [p for p in pages if static_dom(p).select("div.kvdro-chart, div.math, table, div.cell_output")]
+def layout_pages(pages: list[Path], width: int | None = None) -> list[Path]:
+    """The pages with something to measure; with ``width``, their layouts at that width measured
+    (:data:`BROWSER_WORKERS` Chromiums at a time) and memoised first."""
+    chosen = [p for p in pages if static_dom(p).select("div.kvdro-chart, div.math, table, div.cell_output")]
+    if width is not None:
+        with ThreadPoolExecutor(BROWSER_WORKERS) as pool:
+            list(pool.map(lambda p: measured_layout(p, width), chosen))
+    return chosen
 
 
 def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
     problems = []
-    for page in layout_pages(pages):
+    for page in layout_pages(pages, LAPTOP_PX):
         layout = measured_layout(page, LAPTOP_PX)
         problems += [f"{page.name}: {p}" for p in overflows(layout)]
     assert problems == [], f"at {LAPTOP_PX} px:\n" + "\n".join(problems)
@@ -434,7 +446,7 @@ def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
 
 def test_no_table_or_output_is_wider_than_the_column_at_laptop_width(pages):
     problems = []
-    for page in layout_pages(pages):
+    for page in layout_pages(pages, LAPTOP_PX):
         problems += [f"{page.name}: {p}" for p in wide_content(measured_layout(page, LAPTOP_PX))]
     assert problems == [], f"at {LAPTOP_PX} px ({len(problems)}):\n" + "\n".join(problems)
 
@@ -446,7 +458,7 @@ def test_no_table_cell_or_output_shows_nan(pages):
 
 def test_nothing_is_clipped_at_phone_width(pages):
     problems = []
-    for page in layout_pages(pages):
+    for page in layout_pages(pages, PHONE_PX):
         layout = measured_layout(page, PHONE_PX)
         problems += [f"{page.name}: clipped {c}" for c in layout["clipped"]]
         problems += [f"{page.name}: off the screen {c}" for c in layout["offscreen"]]

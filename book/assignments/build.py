@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jupytext
@@ -52,6 +53,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DEFAULT_OUT = ROOT / "_build" / "assignments"
+#: Assignments built at once (each by its own otter and Chromium subprocesses).
+BUILD_WORKERS = 2
 
 _FENCE = re.compile(r"```otter\n(.*?)\n```", re.DOTALL)
 
@@ -204,7 +207,9 @@ def build(out: Path = DEFAULT_OUT, names: list[str] | None = None, src: Path = H
     if unknown:
         raise ValueError(f"names: unknown assignment(s) {unknown}; available: {sorted(available)}")
     out.mkdir(parents=True, exist_ok=True)
-    summary = [build_one(n, available[n], out, pdfs) for n in chosen]
+    # each assignment is built by its own subprocesses (otter assign, Chromium) into its own folder
+    with ThreadPoolExecutor(BUILD_WORKERS) as pool:
+        summary = list(pool.map(lambda n: build_one(n, available[n], out, pdfs), chosen))
     index = out / "index.json"
     old = {a["name"]: a for a in json.loads(index.read_text())} if index.exists() and names else {}
     old.update({a["name"]: a for a in summary})
