@@ -27,6 +27,11 @@ configuration, at the band of its planned utilisation; a row measured by several
 mean, the method of successive averages), and re-solve, until the plan repeats or the predictions
 move by less than ``tol``.
 
+:func:`measure_mixes` and :func:`plan_groups` -- what the table cannot see: a group that routing gives
+one family of classes (code, conversation) waits unlike a group serving the whole mix at the same
+utilisation; these measure that, for chapter 7's section on the group's mix (the model itself still
+reads the whole-mix table).
+
 Imports point down: this module sits above :mod:`kvdro.sim` and :mod:`kvdro.joint`.
 """
 
