@@ -611,7 +611,8 @@ def measure_mixes(source: str = "real", *, instance: Instance | None = None, see
 
     Returns one row per (config, band, mix, family served): ``mix`` "whole" or the family alone,
     ``u_family`` the served family's part of u (its share of the mix's analytic work; u itself when
-    alone), ``requests`` served, ``wait_mean_s`` and ``e2e_mean_s`` [s] -- what the calibrated table, measured
+    alone), ``rate_rps`` the run's arrival rate [req/s], ``requests`` served, ``wait_mean_s`` and
+    ``e2e_mean_s`` [s] -- what the calibrated table, measured
     on the whole mix only, cannot tell the planner about a group that routing gives one family.
     """
     from kvdro.joint.paper import paper_instance
