@@ -147,7 +147,7 @@ def test_built_chapters_launch_on_colab_from_the_published_copy():
 
 def test_built_teaching_page_links_the_assignments_on_colab_and_for_download():
     html = built()
-    page = html / "book" / "10_teaching.html"
+    page = html / "book" / "12_teaching.html"
     links = _links(page)
     for name in ASSIGNMENTS:
         target = f"notebooks/assignments/{name}.ipynb"
