@@ -20,7 +20,7 @@ export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
 
-.PHONY: book book-student pdf test lab bench clean install notebooks assignments
+.PHONY: book book-student pdf test test-unit test-site lab bench clean install notebooks assignments
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,8 +75,21 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-test: book book-student pdf notebooks
-	$(BIN)/python -m pytest -q --nbval-lax tests _build/nbval
+# `make test` runs two jobs at once (2 cores): the unit and property tests, which need no built book, beside
+# the build of the site, its student edition, the PDF and the kit; then the tests of what was built and
+# every chapter under nbval, on two pytest-xdist workers (--dist loadfile: a test file, or a notebook, stays
+# whole on one worker, its cells in order).
+SITE_TESTS := tests/test_browser.py tests/test_launch.py tests/test_pdf.py tests/test_assignments.py
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 test-unit test-site
+
+test-unit: $(STAMP)
+	$(PYTEST) $(foreach t,$(SITE_TESTS),--ignore=$(t)) tests
+
+test-site: book book-student pdf notebooks
+	$(PYTEST) -n 2 --dist loadfile --nbval-lax $(SITE_TESTS) _build/nbval
 
 # Open .md chapters as notebooks by default (jupytext), not in the text editor.
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings
