@@ -1,6 +1,7 @@
 """The fast engine equals the reference engine, bit for bit, on many small random traces (hypothesis),
 including tiny KV pools with heavy preemption, soft and hard reservations, the safety rules on and
-off, and shared prefixes."""
+off, shared prefixes, the oracle's look-ahead, exact reservations and a waiting queue ordered by a
+static key (shortest-output-first)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ CLOCK = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
 @st.composite
 def engine_case(draw):
     n = draw(st.integers(1, 25))
-    reactive = draw(st.booleans())  # vLLM's policy: no reservation
+    mode = draw(st.sampled_from(["vllm", "reserve", "oracle", "exact"]))
+    reactive = mode in ("vllm", "oracle")  # no reservation
+    lookahead = mode == "oracle"
     safety = reactive or draw(st.booleans())  # watermark + free-block rule (always, but for the old behaviour)
     hard = not reactive and draw(st.booleans())
     n_keys = draw(st.integers(0, 2))
@@ -32,6 +35,8 @@ def engine_case(draw):
     arrival = np.cumsum(np.array(gaps, dtype=np.int64) * 10**9)
     if reactive:
         reserve = np.zeros(n, dtype=np.int64)
+    elif mode == "exact":  # the true length: never outgrows
+        reserve = -(-(prompt + output) // 16)
     else:
         eta = np.array(draw(st.lists(st.integers(0, 100), min_size=n, max_size=n)), dtype=np.int64)
         reserve = -(-(prompt + eta) // 16)
@@ -45,16 +50,20 @@ def engine_case(draw):
     shared = np.where(key >= 0, shared, 0).astype(np.int64)
     longest = int(max(ceil_blocks(int(p + o)) for p, o in zip(prompt, output)))
     longest = max(longest, int(reserve.max()) if reserve.size else 0)
-    wm = draw(st.integers(0, 2)) if safety else 0
+    wm = draw(st.integers(1 if lookahead else 0, 2)) if safety else 0
     window = longest + draw(st.integers(0, 3))
     blocks = draw(st.integers(window + sum(prefix_blocks) + wm + 1, window + sum(prefix_blocks) + wm + 40))
     spec = EngineSpec(
         blocks=blocks, watermark_blocks=wm, max_num_seqs=draw(st.integers(1, 10)),
         token_budget=draw(st.integers(int(prompt.max() + output.max()), 400)), free_block_rule=safety,
-        prefix_blocks=prefix_blocks, hard=hard, window_blocks=window,
+        prefix_blocks=prefix_blocks, hard=hard, window_blocks=window, lookahead=lookahead,
     )
+    queue_key = None
+    if draw(st.booleans()):  # shortest-output-first with aging: arrival + aging x a hint (true or noisy)
+        hint = output + np.array(draw(st.lists(st.integers(-30, 30), min_size=n, max_size=n)), dtype=np.int64) * draw(st.integers(0, 1))
+        queue_key = arrival + draw(st.sampled_from([0, 10**9, 10**10, 10**11])) * np.maximum(hint, 0)
     inp = EngineInput(arrival_ps=arrival, prompt=prompt, output=output, reserve_blocks=reserve,
-                      prefix_key=key, shared_blocks=shared)
+                      prefix_key=key, shared_blocks=shared, queue_key=queue_key)
     return spec, inp
 
 
@@ -66,6 +75,8 @@ def test_fast_engine_equals_reference(case):
     b = run_fast(spec, inp, CLOCK)
     check_engine(spec, inp, a)
     check_engine(spec, inp, b)
+    if spec.lookahead:
+        assert a.preemptions.sum() == 0  # the oracle never preempts
     assert a.totals() == b.totals()
     for name in ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens", "generated"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)

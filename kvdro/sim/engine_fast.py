@@ -13,8 +13,12 @@ the only things that change are counters. So the fast engine keeps running seque
   outgrows its reservation (it then joins a residue list).
 
 The events that end a jump: a completion, a reservation overflow, the step at which free blocks
-would run out (preemption), and an arrival when the waiting queue is empty (with a non-empty queue
-whose head does not fit, arrivals cannot be admitted before a completion: FCFS head-of-line). The
+would run out (preemption), and an arrival when the waiting queue is empty (with a non-empty FCFS
+queue whose head does not fit, arrivals cannot be admitted before a completion: head-of-line
+blocking; with a queue ordered by another key, a newcomer can overtake the head, so every arrival
+ends a jump unless preempted requests are at the front). With the oracle's look-ahead
+(:class:`_Lookahead`) a head that fits vLLM's rules but not the look-ahead ends the jump at the first
+step at which it fits (computed from the running sequences' fixed profile). The
 jump advances time by the closed-form sum of the ``k`` step durations (affine in the growing
 context, :class:`kvdro.sim.timing.StepClock`) and the KV-use integral by a sum over the 16 residues;
 then one ordinary step runs with the event. Time and integrals are integers, so every metric is
@@ -25,11 +29,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
+import numpy as np
+
 from kvdro.sim.invariants import InvariantError
-from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation
+from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation, queue_ranks
 from kvdro.sim.timing import StepClock
 
 __all__ = ["run_fast"]
@@ -76,7 +82,15 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
     done_heap: list[tuple[int, int, int]] = []
     ovf_heap: list[tuple[int, int, int]] = []
     ref = [0] * len(pblocks)
-    waiting: deque[int] = deque()
+    rank, by_rank, fifo = queue_ranks(inp)
+    front: deque[int] = deque()  # preempted requests, at the head of the waiting queue
+    pool: list[int] = []  # ranks of never-admitted waiting requests (a heap: the queue key's order)
+    look = spec.lookahead
+    if look and any(R):
+        raise ValueError("reserve_blocks: the oracle's look-ahead admits reactively (reserve nothing)")
+    limit = blocks - wm
+    oracle = _Lookahead(L, X, S, K, pblocks, limit) if look else None
+    wake = None  # look-ahead: the decode step at which the blocked head fits
     free = blocks
     sum_off = 0
     G = 0
@@ -134,9 +148,9 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
 
     while True:
         while nxt < n_req and arr[nxt] <= t:
-            waiting.append(nxt)
+            heapq.heappush(pool, rank[nxt])
             nxt += 1
-        if not waiting and not order:
+        if not front and not pool and not order:
             if nxt >= n_req:
                 break
             t = arr[nxt]
@@ -145,8 +159,9 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
         # 1. prefill-first (as the reference engine)
         admitted: list[int] = []
         tokens = pairs = 0
-        while waiting:
-            j = waiting[0]
+        wake = None
+        while front or pool:
+            j = front[0] if front else by_rank[pool[0]]
             P = L[j] + gprev[j]
             key = K[j]
             sj = S[j] if key >= 0 else 0
@@ -161,7 +176,15 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             new = P - _B * sj if hit else P
             if tokens + new > budget or len(order) + 1 > max_seqs:  # order already holds this step's admissions
                 break
-            waiting.popleft()
+            if look:
+                a_fit = oracle.earliest(j, gprev[j], G)
+                if a_fit != G:
+                    wake = a_fit
+                    break
+            if front:
+                front.popleft()
+            else:
+                heapq.heappop(pool)
             free -= need
             if key >= 0:
                 ref[key] += 1
@@ -181,6 +204,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             tight[j] = not hard and cap0[j] == _B * ceil_blocks(P)  # hard: never grows, capped at cap0
             sum_off += kv_off[j]
             admitted.append(j)
+            if look and X[j] - gprev[j] - 1 >= 1:
+                oracle.add(j, kv_off[j] + 1, X[j] - g_off[j] - 1)
         if admitted:
             dur = clock.prefill_ps(tokens, pairs)
             used = blocks - free
@@ -250,7 +275,10 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
         b = clock.decode_base_ps(n)
         C0 = sum_off + n * (G + 1)
         lin = b + slope * C0
-        if k > 0 and not waiting and nxt < n_req:
+        if wake is not None and wake - G < k:
+            k = wake - G  # > 0: the look-ahead failed at G
+        watch = nxt < n_req and (not (front or pool) or (not fifo and not front))  # an arrival may be admitted
+        if k > 0 and watch:
             gap = arr[nxt] - t  # > 0: arrivals <= t are queued
             # largest s with D(s) = lin*s + slope*n*s(s-1)/2 < gap; the jump may cover s_max + 1 steps
             quad = slope * n / 2.0
@@ -295,8 +323,10 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             dps += Dk
             t += Dk
             G += k
-            if not waiting and nxt < n_req and arr[nxt] <= t:
+            if watch and arr[nxt] <= t:
                 continue  # an arrival to admit first
+            if wake is not None and G >= wake:
+                continue  # the look-ahead's head fits now
             # otherwise nothing can be admitted (free blocks only fell, the running set is the same):
             # the event step follows directly
 
@@ -379,7 +409,9 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
                 if stopped:
                     break
                 free -= 1
-        waiting.extendleft(preempted)
+        if preempted and look:
+            raise InvariantError("fast engine: the oracle's look-ahead admitted a request that was then preempted")
+        front.extendleft(preempted)
         if not order:
             continue
         n = len(order)
@@ -406,6 +438,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             nb = owned(j)
             remove_running(j)
             release(j, nb)
+            if look:
+                oracle.done(j)
             ndone += 1
         if ndone and progress is not None:
             progress.update(ndone)
@@ -418,3 +452,107 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
     out.decode_batch_integral, out.decode_ps = dbatch, dps
     out.end_ps, out.peak_blocks, out.free_blocks_end = t, peak, free
     return out
+
+
+class _Lookahead:
+    """The oracle's look-ahead in the fast engine (:mod:`kvdro.sim.scheduler`), on absolute decode steps.
+
+    A running sequence j holds ``ceil((o_j + s)/16) - S_j`` own blocks during decode step ``s`` up to
+    its last step ``c_j`` (``o_j`` = its cached tokens at step 0, plus one); a prefix key's blocks are
+    held up to the last step of its last user. This *profile* is fixed until the next admission
+    (completions are part of it): it is rebuilt lazily after an admission, with the usage ``V_i`` at
+    every completion point ``c_i`` (where the maximum of a sum of non-decreasing steps sits).
+    :meth:`earliest` returns the first step ``a >= G`` at which a request admitted at ``a`` keeps
+    the usage <= ``limit`` at every step of its life, skipping ahead from each violated point.
+    """
+
+    INF = 1 << 62
+
+    def __init__(self, L, X, S, K, pblocks, limit):
+        self.L, self.X, self.S, self.K, self.pblocks, self.limit = L, X, S, K, pblocks, limit
+        self.seqs: dict[int, tuple[int, int]] = {}  # request -> (o, c)
+        self.bound = 0  # sum of the running sequences' largest own blocks (an upper bound of the usage)
+        self.prof = None
+        self.memo = None  # (request, profile version, G) -> earliest step
+        self.version = 0
+
+    def _maxown(self, j, o, c):
+        return -(-(o + c) // _B) - self.S[j]
+
+    def add(self, j, o, c):
+        self.seqs[j] = (o, c)
+        self.bound += self._maxown(j, o, c)
+        self.prof = None
+        self.version += 1
+
+    def done(self, j):
+        o, c = self.seqs.pop(j)
+        self.bound -= self._maxown(j, o, c)
+
+    def _profile(self):
+        if self.prof is None:
+            items = sorted((c, o, j) for j, (o, c) in self.seqs.items())
+            cs = np.array([c for c, _, _ in items], dtype=np.int64)
+            os_ = np.array([o for _, o, _ in items], dtype=np.int64)
+            ss = np.array([self.S[j] for _, _, j in items], dtype=np.int64)
+            ckey: dict[int, int] = {}
+            for c, _, j in items:
+                if self.K[j] >= 0:
+                    ckey[self.K[j]] = c  # ascending: the last user's step wins
+            alive = cs[None, :] >= cs[:, None]
+            own = -(-(os_[None, :] + cs[:, None]) // _B) - ss[None, :]
+            V = np.where(alive, own, 0).sum(axis=1)
+            for key, ck in ckey.items():
+                if self.pblocks[key]:
+                    V += self.pblocks[key] * (cs <= ck)
+            self.prof = (cs, cs.tolist(), os_, ss, V, ckey)
+        return self.prof
+
+    def _usage(self, s):
+        """Blocks in use by the profile during decode step s."""
+        cs, csl, os_, ss, _, ckey = self._profile()
+        i = bisect_left(csl, s)
+        u = int((-(-(os_[i:] + s) // _B) - ss[i:]).sum()) if i < len(csl) else 0
+        return u + sum(self.pblocks[key] for key, ck in ckey.items() if ck >= s)
+
+    def earliest(self, j, gprev, G):
+        """The first decode step >= G at which request ``j`` (``gprev`` tokens generated) fits."""
+        P = self.L[j] + gprev
+        m = self.X[j] - gprev - 1  # decode steps after its prefill
+        if m < 1:
+            return G  # finishes at its prefill: vLLM's check is all there is
+        S, key, limit = self.S[j], self.K[j], self.limit
+        p = self.pblocks[key] if key >= 0 else 0
+        own_end = -(-(P + m) // _B) - S
+        if self.bound + sum(self.pblocks) + own_end + p <= limit:
+            return G  # fits even if every sequence held its largest block count at once
+        memo = (j, self.version, gprev)
+        if self.memo is not None and self.memo[0] == memo and self.memo[1] <= G <= self.memo[2]:
+            return self.memo[2]
+        cs, csl, os_, ss, V, ckey = self._profile()
+        ck = ckey.get(key, -1) if key >= 0 else -1
+        a = G
+        while True:
+            e = a + m - 1
+            lo, hi = bisect_left(csl, a), bisect_right(csl, e)
+            nxt = None
+            if hi > lo:
+                seg = cs[lo:hi]
+                ext = p * (seg > ck)
+                tot = V[lo:hi] + (-(-(P + 1 + seg - a) // _B) - S) + ext
+                viol = tot > limit
+                if viol.any():
+                    i = int(np.argmax(viol))
+                    sv = int(seg[i])
+                    room = limit - int(V[lo + i]) - int(ext[i])  # own blocks the request may hold at sv
+                    nxt = max(a + 1, min(P + 1 + sv - _B * (room + S), sv + 1))
+            if nxt is None and self._usage(e) + own_end + (p if e > ck else 0) > limit:
+                i = bisect_left(csl, e)
+                nxt = self.INF if i == len(csl) else csl[i] - m + 2
+            if nxt is None:
+                self.memo = (memo, G, a)
+                return a
+            if nxt >= self.INF:
+                self.memo = (memo, G, self.INF)
+                return self.INF
+            a = nxt

@@ -6,10 +6,12 @@ touched in every decode step. :mod:`kvdro.sim.engine_fast` must reproduce it exa
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from kvdro.sim.invariants import InvariantError
-from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation
+from kvdro.sim.scheduler import (BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation,
+                                 lookahead_fits, queue_ranks)
 from kvdro.sim.timing import StepClock
 
 __all__ = ["run_reference"]
@@ -31,7 +33,12 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
     own = [0] * n  # blocks the request owns
     ref = [0] * len(pblocks)  # users of each resident prefix
     free = spec.blocks
-    waiting: deque[int] = deque()
+    if spec.lookahead and any(R):
+        raise ValueError("reserve_blocks: the oracle's look-ahead admits reactively (reserve nothing)")
+    rank, by_rank, _ = queue_ranks(inp)
+    front: deque[int] = deque()  # preempted requests, at the head of the waiting queue
+    pool: list[int] = []  # ranks of never-admitted waiting requests (a heap: the queue key's order)
+    limit = spec.blocks - spec.watermark_blocks
     running: list[int] = []
     trace = [] if record else None
     t, nxt = 0, 0
@@ -59,19 +66,19 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
 
     while True:
         while nxt < n and arr[nxt] <= t:
-            waiting.append(nxt)
+            heapq.heappush(pool, rank[nxt])
             nxt += 1
-        if not waiting and not running:
+        if not front and not pool and not running:
             if nxt >= n:
                 break
             t = arr[nxt]
             continue
 
-        # 1. prefill-first: admit from the head of the FCFS waiting queue
+        # 1. prefill-first: admit from the head of the waiting queue (preempted first, then by queue key)
         admitted: list[int] = []
         tokens = pairs = 0
-        while waiting:
-            j = waiting[0]
+        while front or pool:
+            j = front[0] if front else by_rank[pool[0]]
             P = L[j] + g[j]
             key = K[j]
             sj = S[j] if key >= 0 else 0
@@ -83,7 +90,15 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
             new = P - BLOCK_TOKENS * sj if hit else P
             if tokens + new > spec.token_budget or len(running) + len(admitted) + 1 > spec.max_num_seqs:
                 break
-            waiting.popleft()
+            if spec.lookahead:
+                traj = [(kv[i], X[i] - g[i], S[i], K[i]) for i in running]
+                traj += [(kv[i], X[i] - g[i] - 1, S[i], K[i]) for i in admitted if X[i] - g[i] - 1 >= 1]
+                if not lookahead_fits(traj, (P, X[j] - g[j] - 1, sj, key), pblocks, limit):
+                    break
+            if front:
+                front.popleft()
+            else:
+                heapq.heappop(pool)
             free -= need
             if key >= 0:
                 ref[key] += 1
@@ -152,7 +167,9 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
                 cap[j] += BLOCK_TOKENS
                 free -= 1
             i += 1
-        waiting.extendleft(preempted)
+        if preempted and spec.lookahead:
+            raise InvariantError("reference engine: the oracle's look-ahead admitted a request that was then preempted")
+        front.extendleft(preempted)
         if not running:
             if not preempted:
                 raise InvariantError("reference engine: waiting requests but nothing running and nothing admissible")

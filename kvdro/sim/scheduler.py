@@ -42,6 +42,30 @@ We follow **vLLM v0.6** (the V0 engine's default scheduler without chunked prefi
 this package before issue 15, kept only for chapter 7's before/after table -- a reservation policy
 then admits down to the last block and a sequence inside its reservation runs with no free block.
 
+**The oracle's look-ahead** (``EngineSpec.lookahead``, policy ``oracle``): vLLM's admission above
+plus one more condition, with the true output lengths. Every running sequence follows a known
+trajectory: one token per decode step, a new block when its last one is full, all its blocks freed
+after its last decode step (the block manager's usage is a sum of step functions). The head of the
+waiting queue is admitted only if, with that trajectory of every running sequence and the new
+request's own added (prefix-shared blocks counted once, held until their last user leaves), the
+blocks in use never exceed ``blocks - watermark`` at any future decode step. The condition is
+checked at every engine step, like vLLM's. Between two completions every trajectory is
+non-decreasing, so the maximum over the future sits at the last step before a completion (or the
+new request's own last step): the check evaluates only those points (:func:`lookahead_fits`).
+Consequence: the free pool never falls below the watermark (>= 1 block), so the free-block rule
+never fires and the oracle **never preempts** (an engine raises :class:`InvariantError` if it
+does). Because completions are part of the trajectories, the future usage of a fixed running set
+does not change until the next admission; its admission rule is not monotone in time, though (a
+long request admitted later is smaller when a running one peaks), so the fast engine computes the
+first step at which the blocked head fits and stops its jump there.
+
+**The waiting queue's order** (``EngineInput.queue_key``): requests that were never admitted wait
+in the order of a static key, ties by arrival; ``None`` (or the arrival time itself) is vLLM's FCFS.
+Shortest-output-first with aging ("sof", :func:`kvdro.sim.simulate`) is the key
+``arrival + aging x predicted output length``. The walk of step 1 follows the key order and still
+stops at the first request that does not fit (head-of-line blocking); preempted requests go to the
+front, ahead of every never-admitted one, in the order above.
+
 Token and block bookkeeping per sequence: after a prefill of P tokens its cache holds P tokens; each
 decode step appends one token (a new 16-token block when the last one is full) and generates the
 next; a request of output length xi leaves after its xi-th token (the last token is never cached).
@@ -60,7 +84,8 @@ import numpy as np
 
 from kvdro.hardware import BLOCK_TOKENS
 
-__all__ = ["BLOCK_TOKENS", "EngineSpec", "EngineInput", "EngineOutput", "ceil_blocks", "grown_reservation"]
+__all__ = ["BLOCK_TOKENS", "EngineSpec", "EngineInput", "EngineOutput", "ceil_blocks", "grown_reservation",
+           "lookahead_fits", "queue_ranks"]
 
 
 def ceil_blocks(tokens: int) -> int:
@@ -87,7 +112,9 @@ class EngineSpec:
     every decode of a sequence (True for every policy; False only with the safety rules off);
     ``prefix_blocks``: blocks of each prefix key's shared prefix (index = key); ``hard``: a
     reservation is a cap (module docstring); ``window_blocks``: the context window in blocks, the
-    largest reservation a hard-capped request grows to (needed when ``hard``).
+    largest reservation a hard-capped request grows to (needed when ``hard``); ``lookahead``: the
+    oracle's admission look-ahead with the true output lengths (module docstring; needs the
+    watermark >= 1 and the free-block rule, soft, and requests that reserve nothing).
     """
 
     blocks: int
@@ -98,10 +125,13 @@ class EngineSpec:
     prefix_blocks: tuple[int, ...] = ()
     hard: bool = False
     window_blocks: int = 0
+    lookahead: bool = False
 
     def __post_init__(self) -> None:
         if self.hard and self.window_blocks < 1:
             raise ValueError("window_blocks: a hard reservation needs the context window in blocks (>= 1)")
+        if self.lookahead and (self.hard or self.watermark_blocks < 1 or not self.free_block_rule):
+            raise ValueError("lookahead: the oracle's look-ahead needs watermark_blocks >= 1, the free-block rule and hard=False")
 
 
 @dataclass(frozen=True)
@@ -111,7 +141,9 @@ class EngineInput:
     arrival_ps [ps]; prompt = L_in [tokens]; output = xi after the context cap (>= 1) [tokens];
     reserve_blocks = ceil((L_in + eta)/16) (0 for ``vllm``; a hard-capped request's grows on
     re-admission, :func:`grown_reservation`); prefix_key = index into
-    ``EngineSpec.prefix_blocks`` or -1; shared_blocks = prefix blocks this request can use.
+    ``EngineSpec.prefix_blocks`` or -1; shared_blocks = prefix blocks this request can use;
+    queue_key [ps] = the waiting queue's static order key of a never-admitted request (ties by
+    index), ``None`` = FCFS (module docstring).
     """
 
     arrival_ps: np.ndarray
@@ -120,9 +152,54 @@ class EngineInput:
     reserve_blocks: np.ndarray
     prefix_key: np.ndarray
     shared_blocks: np.ndarray
+    queue_key: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.arrival_ps.size)
+
+
+def queue_ranks(inp: EngineInput) -> tuple[list[int], list[int], bool]:
+    """(rank of each request in the waiting queue's order, request of each rank, FCFS?): the order of
+    ``inp.queue_key`` with ties by index; the identity (FCFS) when the key is ``None``."""
+    n = len(inp)
+    if inp.queue_key is None:
+        ident = list(range(n))
+        return ident, ident, True
+    by_rank = np.lexsort((np.arange(n), np.asarray(inp.queue_key, dtype=np.int64)))
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_rank] = np.arange(n)
+    return rank.tolist(), by_rank.tolist(), bool(np.array_equal(by_rank, np.arange(n)))
+
+
+def lookahead_fits(running, new, prefix_blocks, limit: int) -> bool:
+    """The oracle's look-ahead (module docstring): does the block usage stay <= ``limit`` blocks at
+    every future decode step when ``new`` joins ``running``?
+
+    ``running``: (cached tokens, decode steps left, shared blocks, prefix key) per running sequence
+    (decode steps left >= 1; a sequence that finishes without another decode step is left out);
+    ``new``: the same for the request being admitted, its cached tokens after the prefill. At future
+    decode step d = 0, 1, ... a sequence with ``kv`` cached tokens and ``left`` steps holds
+    ``ceil((kv + d + 1)/16) - shared`` own blocks while d < left; a prefix key's
+    ``prefix_blocks[key]`` blocks are held while any of its users is. Every term is non-decreasing
+    until it ends, so the maximum is at some sequence's last step d = left - 1: only those points
+    (within the new request's life) are evaluated.
+    """
+    left_n = new[1]
+    if left_n < 1:
+        return True  # it finishes at its prefill: vLLM's own check is all there is
+    seqs = list(running) + [new]
+    for d in sorted({left - 1 for _, left, _, _ in running if left - 1 < left_n} | {left_n - 1}):
+        used = 0
+        keys = set()
+        for kv, left, sh, key in seqs:
+            if d < left:
+                used += ceil_blocks(kv + d + 1) - sh
+                if key >= 0:
+                    keys.add(key)
+        used += sum(prefix_blocks[key] for key in keys)
+        if used > limit:
+            return False
+    return True
 
 
 @dataclass
