@@ -1,11 +1,11 @@
-"""Chapter 7's charts, built from the simulator's study frames (:mod:`kvdro.sim.studies`,
-:mod:`kvdro.sim.regimes`) with the book's Altair theme (:mod:`kvdro.plotting`)."""
+"""Chapter 7's and chapter 11's charts, built from the simulator's study frames (:mod:`kvdro.sim.studies`,
+:mod:`kvdro.sim.regimes`) and the calibration caches, with the book's Altair theme (:mod:`kvdro.plotting`)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["blocks_chart", "regime_chart"]
+__all__ = ["agreement_scatter", "blocks_chart", "regime_chart"]
 
 
 def blocks_chart(timelines: dict[str, pd.DataFrame], *, blocks: int):
@@ -71,3 +71,48 @@ def regime_chart(frame: pd.DataFrame, *, trace: str, marked: dict[str, tuple[str
             x=alt.X("load :O", sort=order), y=alt.Y("deployment:N", sort=rows), tooltip=["point"]))
     return alt.layer(*layers).properties(width=WIDTH - 190, height=34 * len(rows),
                                          title=f"{trace} trace: regime, mean KV use, vllm preemptions")
+
+
+def agreement_scatter(frame: pd.DataFrame, *, band: float = 0.15, panel_width: int = 150, height: int = 170):
+    """Predicted against simulated, one panel per (``metric``, ``panel``) of ``frame``: a point per
+    row (columns ``simulated``, ``predicted``, coloured by ``serving``, shaped by ``instance``), the
+    diagonal and the band ``(1 +- band) x simulated`` shaded. Log axes; rows with a missing or
+    non-positive prediction (an overloaded plan) are left out. ``panel_width`` is one panel's
+    plot width [px]: keep ``len(panels) x (panel_width + 60)`` within :data:`kvdro.plotting.WIDTH`."""
+    import altair as alt
+    import numpy as np
+
+    from kvdro.plotting import PALETTE
+
+    for col in ("metric", "panel", "simulated", "predicted", "serving", "instance"):
+        if col not in frame.columns:
+            raise ValueError(f"frame: missing column {col!r}")
+    if not 0 < band < 1:
+        raise ValueError(f"band: must be in (0, 1), got {band}")
+    f = frame[np.isfinite(frame["predicted"]) & (frame["predicted"] > 0) & (frame["simulated"] > 0)]
+    servings = list(dict.fromkeys(frame["serving"]))
+    colour = alt.Color("serving:N", scale=alt.Scale(domain=servings, range=list(PALETTE[:len(servings)])),
+                       legend=alt.Legend(orient="bottom", title="serving model"))
+    rows = []
+    for metric in dict.fromkeys(frame["metric"]):
+        part = f[f["metric"] == metric]
+        lo = 0.8 * min(part["simulated"].min(), part["predicted"].min())
+        hi = 1.25 * max(part["simulated"].max(), part["predicted"].max())
+        scale = alt.Scale(type="log", domain=[lo, hi], nice=False)
+        grid = np.geomspace(lo, hi, 24)
+        shade = pd.DataFrame({"x": grid, "lo": (1 - band) * grid, "hi": (1 + band) * grid})
+        panels = []
+        for name in dict.fromkeys(frame["panel"]):
+            pts = part[part["panel"] == name]
+            area = alt.Chart(shade).mark_area(opacity=0.18, color="#888888").encode(
+                x=alt.X("x:Q", scale=scale, title=f"simulated {metric}", axis=alt.Axis(labelOverlap="greedy")),
+                y=alt.Y("lo:Q", scale=scale, title=f"predicted {metric}", axis=alt.Axis(labelOverlap="greedy")), y2="hi:Q")
+            diag = alt.Chart(shade).mark_line(color="#888888", strokeWidth=1).encode(x="x:Q", y="x:Q")
+            dots = alt.Chart(pts).mark_point(size=60, filled=True, opacity=0.85).encode(
+                x=alt.X("simulated:Q", scale=scale), y=alt.Y("predicted:Q", scale=scale), color=colour,
+                shape=alt.Shape("instance:N", legend=alt.Legend(orient="bottom", title="instance")),
+                tooltip=[c for c in ("instance", "load", "serving", "realisation") if c in pts.columns]
+                + [alt.Tooltip("simulated:Q", format=".3g"), alt.Tooltip("predicted:Q", format=".3g")])
+            panels.append(alt.layer(area, diag, dots).properties(width=panel_width, height=height, title=str(name)))
+        rows.append(alt.hconcat(*panels))
+    return alt.vconcat(*rows).resolve_scale(color="shared", shape="shared")
