@@ -13,8 +13,10 @@ What happens to each request of the trace (every one ends in exactly one outcome
 3. The engine serves it (:mod:`kvdro.sim.scheduler`) -> ``completed``. A trace output of 0 tokens is
    served as 1 (a prefill always samples one token).
 
-Two engines with the same semantics: ``"reference"`` (step by step) and ``"fast"`` (jumps between
-events); ``kvdro.bench sim`` and the tests check that they agree exactly. Invariants
+Engines with the same semantics: ``"reference"`` (step by step), ``"fast"`` (jumps between events,
+compiled: :mod:`kvdro.sim.engine_compiled`) and ``"fast-python"`` (the same jumps in pure Python,
+:mod:`kvdro.sim.engine_fast`; ``"fast"`` falls back to it without numba); ``kvdro.bench sim`` and
+the tests check that they agree exactly. Invariants
 (:mod:`kvdro.sim.invariants`) are checked at the end of every run.
 """
 
@@ -36,7 +38,7 @@ from kvdro.sim.timing import PS_PER_S, StepClock
 
 __all__ = ["ENGINES", "READINGS", "SimResult", "simulate", "check_trace"]
 
-ENGINES = ("fast", "reference")
+ENGINES = ("fast", "fast-python", "reference")
 #: The two readings of a reservation (:mod:`kvdro.sim.scheduler`): admission control, or a cap.
 READINGS = ("soft", "hard")
 _TIDY = ("arrival_s", "input_tokens", "output_tokens", "request_class")
@@ -148,7 +150,8 @@ def simulate(
         rho: c_p / c_w (sets c_p of the cost, and the ``saa``/``dro`` buffers when fitted here).
         costs: overrides of ``c_p, c_w, c_slo, c_rej, c_gpu`` (:func:`kvdro.sim.metrics.default_costs`).
         rng: the seeded generator that draws the routing.
-        engine: ``"fast"`` (event jumping) or ``"reference"`` (step by step).
+        engine: ``"fast"`` (event jumping, compiled), ``"fast-python"`` (the same in pure Python)
+            or ``"reference"`` (step by step).
         progress: a tqdm bar on stderr (requests finished).
         record: keep a per-step trace in each engine output (reference engine only; small runs).
         reservation: ``"soft"`` (default; admission control, overflow grows block by block and is
@@ -256,6 +259,8 @@ def simulate(
     from kvdro.sim.engine_reference import run_reference
 
     if engine == "fast":
+        from kvdro.sim.engine_compiled import run_compiled as run_fast
+    elif engine == "fast-python":
         from kvdro.sim.engine_fast import run_fast
 
     bar = None
