@@ -33,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--classes", type=int, default=None, help="number of classes of a scaled instance")
     s.add_argument("--gpus", type=int, default=None, help="GPU budget J of a scaled instance")
     s.add_argument("--method", choices=sorted(METHODS), default="exact", help="solver / formulation (default exact)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sample draw (default 0)")
+    from kvdro.sim.cli import seed_arg
+
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the sample draw (default 0)")
     s.add_argument("--load", type=float, default=None, help="multiplier of the trace's arrival rates")
     s.add_argument("--serving", choices=("analytic", "calibrated"), default="analytic",
                    help="serving model: chapter 4's analytic one or the simulator-calibrated table (default analytic)")
@@ -113,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             "cost": ev.to_dict(),
             "predicted": predict_serving(instance, solution),
         }
+        from kvdro.sim.plan import instance_fingerprint  # `simulate --plan` checks it (issue 29)
+
+        out["fingerprint"] = instance_fingerprint(instance, size=args.instance, seed=args.seed,
+                                                  load=out["instance"]["load"])
         print(json.dumps(out, indent=2))
     else:
         print(_report(instance, solution, ev))

@@ -38,6 +38,7 @@ from numpy.typing import ArrayLike, NDArray
 from kvdro import wasserstein
 from kvdro.newsvendor import (
     SolverError,
+    _buffer,
     _finite_scalar,
     as_samples,
     check_costs,
@@ -163,7 +164,7 @@ def scarf_worst_case_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float
     """
     x = as_samples(samples)
     c_p, c_w = check_costs(c_p, c_w)
-    b = _finite_scalar(eta, "eta")
+    b = _buffer(eta)
     mu, m2 = _moments(x)
     return float((c_p + c_w) * _scarf_upper_tail(mu, m2, b) + c_w * (b - mu))
 
@@ -213,7 +214,7 @@ def scarf_problem(samples: ArrayLike, eta: float | None, c_p: float, c_w: float)
     if eta is None:
         e = cp.Variable(name="eta", nonneg=True)
     else:
-        e = _finite_scalar(eta, "eta") / scale
+        e = _buffer(eta) / scale
     a, b, c = cp.Variable(name="a"), cp.Variable(name="b"), cp.Variable(name="c")
     constraints = []
     for alpha, beta in ((-c_p * e, c_p), (c_w * e, -c_w)):  # c_p (xi - eta) and c_w (eta - xi)
@@ -274,7 +275,7 @@ def kl_worst_case_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float, r
     """
     x = as_samples(samples)
     c_p, c_w = check_costs(c_p, c_w)
-    b = _finite_scalar(eta, "eta")
+    b = _buffer(eta)
     r = _radius(radius)
     values, w = _weights(x)
     return _kl_value(loss(values, b, c_p, c_w), w, r)
@@ -307,7 +308,7 @@ def kl_problem(samples: ArrayLike, eta: float | None, c_p: float, c_w: float, ra
     values, w = _weights(x)
     scale = max(float(values.max()), 1.0)
     v_s = values / scale
-    e = cp.Variable(name="eta", nonneg=True) if eta is None else _finite_scalar(eta, "eta") / scale
+    e = cp.Variable(name="eta", nonneg=True) if eta is None else _buffer(eta) / scale
     t = cp.Variable(name="t")
     alpha = cp.Variable(name="alpha", nonneg=True)
     theta = cp.Variable(values.size, name="theta")
@@ -388,7 +389,7 @@ def ks_worst_case_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float, r
     so the best level is an end of that range or a kink ``F_N +/- radius`` of one piece.
     """
     x, c_p, c_w, d, L = _ks_inputs(samples, c_p, c_w, radius, L_max)
-    b = _finite_scalar(eta, "eta")
+    b = _buffer(eta)
     F = _ks_worst_cdf(x, b, c_p, c_w, d, L)[1]
     T, cdf, length, below = _ks_pieces(x, b, L)
     return float(_ks_value(F, length, below, b, c_p, c_w, L))
@@ -416,7 +417,7 @@ def ks_worst_case_distribution(
     """A worst-case distribution of the KS band at ``eta``: ``(atoms, probs)`` (tokens), the jumps of
     the worst CDF ``F_q`` (mass at 0, at the samples, at ``eta`` and at ``L_max``)."""
     x, c_p, c_w, d, L = _ks_inputs(samples, c_p, c_w, radius, L_max)
-    b = _finite_scalar(eta, "eta")
+    b = _buffer(eta)
     T, F = _ks_worst_cdf(x, b, c_p, c_w, d, L)
     probs = np.diff(np.concatenate([[0.0], F, [1.0]]))
     keep = probs > 1e-15
@@ -457,7 +458,7 @@ def ks_problem(samples: ArrayLike, eta: float, c_p: float, c_w: float, radius: f
     import cvxpy as cp
 
     x, c_p, c_w, d, L = _ks_inputs(samples, c_p, c_w, radius, L_max)
-    b = _finite_scalar(eta, "eta")
+    b = _buffer(eta)
     T, cdf, length, below = _ks_pieces(x, b, L)
     scale = max(L, 1.0)
     F = cp.Variable(cdf.size, name="F")
@@ -533,7 +534,7 @@ def robust_solution(
             return scarf_reservation(samples, c_p, c_w)
         model = scarf_problem(samples, None, c_p, c_w)
         value = _solve_conic(model.problem, "Scarf moment SDP")
-        return Robust(eta=float(model.eta.value) * model.scale, value=value)
+        return Robust(eta=max(0.0, float(model.eta.value)) * model.scale, value=value)
     if radius is None:
         raise ValueError(f"radius must be given for the {kind!r} set")
     if kind == "kl":
@@ -542,7 +543,7 @@ def robust_solution(
         check_costs(c_p, c_w, positive=True)
         model = kl_problem(samples, None, c_p, c_w, radius)
         value = _solve_conic(model.problem, "KL exponential-cone model")
-        return Robust(eta=float(model.eta.value) * model.scale, value=value)
+        return Robust(eta=max(0.0, float(model.eta.value)) * model.scale, value=value)
     if L_max is None:
         raise ValueError(f"L_max must be given for the {kind!r} set")
     if kind == "ks":

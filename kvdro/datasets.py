@@ -521,6 +521,45 @@ def _check_path(path: object) -> Path:
     return Path(path)
 
 
+def _read_csv(p: Path, **kwargs) -> pd.DataFrame:
+    """``pd.read_csv`` whose read errors (empty file, not UTF-8, malformed rows) name the file."""
+    try:
+        return pd.read_csv(p, **kwargs)
+    except FileNotFoundError:
+        raise
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{p}: the file is empty (no header, no rows); expected a CSV with a header line") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start}); "
+                         "save the CSV as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise ValueError(f"{p}: cannot be read as CSV ({exc})") from None
+
+
+def _check_span(seconds: np.ndarray, raw: pd.Series, column: str, p: Path, max_span_s: float | None) -> None:
+    """ValueError naming the file, the first and last rows and their ``column`` values when the
+    arrivals span more than ``max_span_s`` seconds (None: no limit)."""
+    if max_span_s is None or seconds.size == 0:
+        return
+    first, last = int(np.argmin(seconds)), int(np.argmax(seconds))
+    span = float(seconds[last] - seconds[first])
+    if span > max_span_s:
+        raise ValueError(
+            f"{p}: column {column!r} spans {span:.3g} s ({span / 86400:,.0f} days), from {raw.iloc[first]!r} "
+            f"at {_where(first)} to {raw.iloc[last]!r} at {_where(last)}: more than the longest span allowed, max_span_s = "
+            f"{max_span_s:.3g} s ({max_span_s / 86400:.1f} days)"
+        )
+
+
+def _check_max_span(max_span_s: object) -> float | None:
+    if max_span_s is None:
+        return None
+    if isinstance(max_span_s, (bool, np.bool_)) or not isinstance(max_span_s, (int, float, np.integer, np.floating)) \
+            or not max_span_s > 0:
+        raise ValueError(f"max_span_s: must be a positive number of seconds or None, got {max_span_s!r}")
+    return float(max_span_s)
+
+
 def _tidy(arrival: np.ndarray, inp: np.ndarray, out: np.ndarray, cls: np.ndarray | str) -> pd.DataFrame:
     t = np.asarray(arrival, dtype=float)
     t = t - t.min() if t.size else t
@@ -536,30 +575,36 @@ def _tidy(arrival: np.ndarray, inp: np.ndarray, out: np.ndarray, cls: np.ndarray
 
 
 def read_azure_csv(
-    path: str | os.PathLike[str], request_class: str, *, nrows: int | None = None
+    path: str | os.PathLike[str], request_class: str, *, nrows: int | None = None,
+    max_span_s: float | None = None,
 ) -> pd.DataFrame:
     """Read an Azure LLM inference trace (2023 or 2024 schema) into the tidy schema.
 
     The file has columns ``TIMESTAMP`` (ISO-8601 date-time), ``ContextTokens`` (prompt length,
     tokens) and ``GeneratedTokens`` (output length, tokens). ``nrows`` reads only the first rows
-    (the 2024 week files hold tens of millions).
+    (the 2024 week files hold tens of millions). ``max_span_s`` bounds the span of the timestamps
+    (last minus first, seconds; ``python -m kvdro simulate`` passes the simulator's clock range,
+    :data:`kvdro.sim.timing.MAX_HORIZON_S`, so one stray timestamp such as a 1900 date is named).
 
     Raises:
-        ValueError: naming the file and column, for a missing column, an unparseable timestamp,
-            or a token count that is non-numeric, non-integer or negative.
+        ValueError: naming the file and column, for an empty or non-UTF-8 file, a missing column,
+            an unparseable timestamp, timestamps spanning more than ``max_span_s``, or a token
+            count that is non-numeric, non-integer or negative.
     """
     p = _check_path(path)
     _check_nrows(nrows)
+    max_span_s = _check_max_span(max_span_s)
     if not isinstance(request_class, str) or not request_class:
         raise ValueError(f"request_class: must be a non-empty string, got {request_class!r}")
     _not_a_pointer(p)
-    df = pd.read_csv(p, nrows=nrows, dtype={"TIMESTAMP": str})
+    df = _read_csv(p, nrows=nrows, dtype={"TIMESTAMP": str})
     _require_columns(df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], p)
     ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
     if ts.isna().any():
         i = int(np.flatnonzero(ts.isna().to_numpy())[0])
         raise ValueError(f"{p}: column 'TIMESTAMP' has an unparseable timestamp {df['TIMESTAMP'].iloc[i]!r} at {_where(i)}")
     seconds = (ts - ts.min()).dt.total_seconds().to_numpy()
+    _check_span(seconds, df["TIMESTAMP"], "TIMESTAMP", p, max_span_s)
     out = _tidy(
         seconds,
         _token_column(df, "ContextTokens", p, minimum=1),
@@ -592,12 +637,13 @@ def read_burstgpt_csv(path: str | os.PathLike[str], *, nrows: int | None = None)
     reported with a :class:`DroppedRequestsWarning`. ``request_class`` is ``f"{Model}-{Log Type}"``.
 
     Raises:
-        ValueError: naming the file and column (missing column, unparseable timestamp, bad tokens).
+        ValueError: naming the file and column (empty or non-UTF-8 file, missing column,
+            unparseable timestamp, bad tokens).
     """
     p = _check_path(path)
     _check_nrows(nrows)
     _not_a_pointer(p)
-    df = pd.read_csv(p, nrows=nrows)
+    df = _read_csv(p, nrows=nrows)
     _require_columns(df, BURSTGPT_COLUMNS, p)
     ts = pd.to_numeric(df["Timestamp"], errors="coerce")
     bad_ts = ts.isna() | ~np.isfinite(ts.to_numpy(dtype=float, na_value=np.nan))

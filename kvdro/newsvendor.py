@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # CVXPY is imported where a model is built: `import kvdro.sim
     import cvxpy as cp
 
 __all__ = [
+    "BUFFER_ROUNDOFF",
     "SAAProblem",
     "as_samples",
     "check_costs",
@@ -69,6 +70,22 @@ def _finite_scalar(value: float, name: str) -> float:
     if not math.isfinite(x):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return x
+
+
+def _buffer(eta: float, name: str = "eta") -> float:
+    """A buffer ``eta = r - L_in`` [tokens of output reserved] as a finite float >= 0; ``ValueError``
+    naming ``name`` otherwise (a negative buffer would reserve less than the prompt). Solver
+    round-off down to ``-BUFFER_ROUNDOFF`` is read as 0."""
+    b = _finite_scalar(eta, name)
+    if b < 0:
+        if b < -BUFFER_ROUNDOFF:
+            raise ValueError(f"{name} must be >= 0 (a buffer of output tokens, r - L_in), got {eta!r}")
+        b = 0.0
+    return b
+
+
+#: Tokens below 0 that a buffer may carry from a solver's round-off (read as 0, not refused).
+BUFFER_ROUNDOFF = 1e-9
 
 
 def _real_array(values: ArrayLike, name: str) -> NDArray[np.float64]:
@@ -149,7 +166,7 @@ def critical_fractile(rho: float) -> float:
 def loss(xi: ArrayLike, eta: ArrayLike, c_p: float, c_w: float) -> NDArray[np.float64]:
     """Per-request stochastic cost (2)+(3): ``c_p (xi - eta)^+ + c_w (eta - xi)^+``.
 
-    ``xi`` (output length, tokens) and ``eta`` (buffer ``r - L_in``, tokens) broadcast against each
+    ``xi`` (output length, tokens) and ``eta`` (buffer ``r - L_in``, tokens, >= 0) broadcast against each
     other; the result is in cost units (``c_p``, ``c_w`` are per token).
     """
     c_p, c_w = check_costs(c_p, c_w)
@@ -157,6 +174,8 @@ def loss(xi: ArrayLike, eta: ArrayLike, c_p: float, c_w: float) -> NDArray[np.fl
     for arr, name in ((x, "xi"), (e, "eta")):
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{name} must be finite (found NaN or inf)")
+    if np.any(e < -BUFFER_ROUNDOFF):
+        raise ValueError(f"eta must be >= 0 (a buffer of output tokens, r - L_in), got {e[e < -BUFFER_ROUNDOFF].ravel()[0]!r}")
     diff = x - e
     return c_p * np.maximum(diff, 0.0) + c_w * np.maximum(-diff, 0.0)
 
@@ -164,7 +183,7 @@ def loss(xi: ArrayLike, eta: ArrayLike, c_p: float, c_w: float) -> NDArray[np.fl
 def expected_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float) -> float:
     """Empirical (SAA) expected cost of buffer ``eta`` (tokens): the mean of (2)+(3) over samples."""
     x = as_samples(samples)
-    e = _finite_scalar(eta, "eta")
+    e = _buffer(eta)
     return float(np.mean(loss(x, e, c_p, c_w)))
 
 
@@ -191,7 +210,7 @@ def saa_reservation(samples: ArrayLike, c_p: float, c_w: float, *, method: str =
     if method == "lp":
         model = saa_problem(x, c_p, c_w)
         solve_lp(model.problem, "SAA LP")
-        return float(model.eta.value)
+        return max(0.0, float(model.eta.value))  # an optimal buffer is a sample (>= 0): clip solver round-off
     raise ValueError(f"method must be 'quantile' or 'lp', got {method!r}")
 
 

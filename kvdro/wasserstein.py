@@ -35,6 +35,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvdro.newsvendor import (
+    BUFFER_ROUNDOFF,
+    _buffer,
     _finite_scalar,
     _real_array,
     as_samples,
@@ -96,7 +98,7 @@ def _inputs(samples: ArrayLike, c_p: float, c_w: float, eps: float, L_max: float
 
 
 def _eta(eta: float) -> float:
-    return _finite_scalar(eta, "eta")
+    return _buffer(eta)
 
 
 # --------------------------------------------------------------------------- closed form
@@ -159,6 +161,9 @@ def worst_case_cost_many(
     flat = etas_arr.ravel()
     if not np.all(np.isfinite(flat)):
         raise ValueError("etas must be finite")
+    if np.any(flat < -BUFFER_ROUNDOFF):
+        raise ValueError(f"etas must be >= 0 (buffers of output tokens, r - L_in), got {flat[flat < -BUFFER_ROUNDOFF][0]!r}")
+    flat = np.maximum(flat, 0.0)
     # merging repeats costs one sort; it pays off only when many buffers share the samples
     values, weights, c_p, c_w, e, L = _inputs(samples, c_p, c_w, eps, L_max, merge=flat.size > 1)
     out = np.empty(flat.size)
@@ -536,7 +541,8 @@ def dro_solution(
     if method == "lp":
         model = dro_problem(samples, c_p, c_w, e, L)
         value = solve_lp(model.problem, "joint DRO LP (8c)-(8g)")
-        return RobustBuffer(eta=float(model.eta.value), gamma=float(model.gamma.value), cost=value)
+        eta = max(0.0, float(model.eta.value))  # the LP has eta in [0, L_max] (8g): clip solver round-off
+        return RobustBuffer(eta=eta, gamma=float(model.gamma.value), cost=value)
     raise ValueError(f"method must be 'closed_form' or 'lp', got {method!r}")
 
 

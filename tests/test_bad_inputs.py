@@ -319,3 +319,251 @@ def test_check_trace_prints_plain_values():
     assert "np." not in str(err.value)
     with pytest.raises(ValueError, match=r"row 0 has 'x'$"):
         check_trace(bad.assign(input_tokens=[12, 3], output_tokens=["x", 5]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 29: nothing silently wrong. Each case below gave a wrong answer, a traceback or an error
+# that did not name its cause; the "before" is quoted in each docstring.
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZURE_ROWS = ["2023-11-16 18:15:46.6805900,374,44\n", "2023-11-16 18:15:50.9951690,396,109\n",
+              "2023-11-16 18:15:51.9241690,879,143\n"]
+
+
+def _cli(argv, capsys):
+    from kvdro.__main__ import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse refusals exit 2
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_a_stray_1900_timestamp_is_named_not_simulated(tmp_path, capsys):
+    """Before: exit 0, e2e p50 = 9.2e6 s (the int64 picosecond clock wrapped), a numpy RuntimeWarning."""
+    bad = tmp_path / "mine.csv"
+    bad.write_text(AZURE_HEADER + AZURE_ROWS[0] + AZURE_ROWS[1] + "1900-01-01 00:00:00,879,47\n" + AZURE_ROWS[2])
+    code, err = _cli(["simulate", "--trace", str(bad), "--policy", "vllm", "--quiet", "--json"], capsys)
+    assert code == 2
+    assert str(bad) in err and "'TIMESTAMP'" in err and "'1900-01-01 00:00:00' at data row 2 (line 4 of the file)" in err
+    with pytest.raises(ValueError, match="max_span_s"):  # the reader's own limit, off by default
+        datasets.read_azure_csv(bad, "x", max_span_s=86400.0)
+    assert len(datasets.read_azure_csv(bad, "x")) == 4
+
+
+def test_a_scale_that_overflows_the_clock_names_scale(tmp_path, capsys):
+    """Before: `--scale 1e-9` exit 0, e2e p50 = 9.2e6 s, goodput 0."""
+    good = tmp_path / "mine.csv"
+    good.write_text(AZURE_HEADER + "".join(AZURE_ROWS))
+    code, err = _cli(["simulate", "--trace", str(good), "--policy", "vllm", "--scale", "1e-9", "--quiet", "--json"], capsys)
+    assert code == 2 and "--scale: 1e-09 stretches" in err and "use --scale >=" in err
+    smallest = float(err.rsplit(">=", 1)[1])
+    code, _ = _cli(["simulate", "--trace", str(good), "--policy", "vllm", "--scale", f"{smallest * 1.01:.6g}", "--quiet",
+                    "--json"], capsys)
+    assert code == 0  # the bound the message gives is enough
+
+
+def test_an_arrival_past_the_clock_is_refused_naming_the_rows():
+    """Before: simulate() returned e2e p50 2.1 s, goodput 0.58 for arrivals at 0, 1 and 1e12 s."""
+    from kvdro.sim import simulate
+    from kvdro.sim.simulate import check_trace
+    from kvdro.sim.timing import MAX_HORIZON_S
+
+    trace = _toy_trace().assign(arrival_s=[0.0, 1.0, 2.0, 3.0, 1e12, 5.0])
+    with pytest.raises(ValueError, match=r"'arrival_s' spans 1e\+12 s, from row 0 \(0\.0 s\) to row 4"):
+        simulate(trace, policy="vllm", rng=np.random.default_rng(0))
+    # the limit is the clock's: just inside is accepted, just outside is not (shifted: the span counts)
+    inside = _toy_trace().assign(arrival_s=[7.0, 8.0, 9.0, 10.0, 7.0 + 0.999 * MAX_HORIZON_S, 12.0])
+    check_trace(inside)
+    with pytest.raises(ValueError, match="arrival_s"):
+        check_trace(inside.assign(arrival_s=inside["arrival_s"] * [1, 1, 1, 1, 1.002, 1]))
+
+
+@pytest.mark.parametrize("value", [math.nan, None, "", "  "])
+def test_an_empty_request_class_is_named(value):
+    """Before: NaN -> TypeError "'<' not supported between instances of 'float' and 'str'" (or
+    "no buffer for request class nan"); an empty string was served as a class of its own."""
+    from kvdro.sim import simulate
+
+    trace = _toy_trace().astype({"request_class": object})
+    trace.loc[3, "request_class"] = value
+    with pytest.raises(ValueError, match=r"column 'request_class' must name each request's class; row 3 has"):
+        simulate(trace, policy="dro", rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("content", [b"", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n".encode("utf-16")],
+                         ids=["empty", "utf16"])
+def test_unreadable_csvs_name_the_file(tmp_path, capsys, content):
+    """Before: "No columns to parse from file" / "'utf-8' codec can't decode byte 0xff ..." without the file."""
+    path = tmp_path / "mine.csv"
+    path.write_bytes(content)
+    for read in (lambda: datasets.read_azure_csv(path, "x"), lambda: datasets.read_burstgpt_csv(path)):
+        with pytest.raises(ValueError, match=str(path)) as err:
+            read()
+        assert ("empty" in str(err.value)) == (content == b"") and ("UTF-8" in str(err.value)) == (content != b"")
+    code, err = _cli(["simulate", "--trace", str(path), "--policy", "vllm", "--quiet"], capsys)
+    assert code == 2 and str(path) in err
+
+
+@pytest.mark.parametrize("command", [["simulate", "--trace", "azure-2023-conv", "--policy", "vllm"], ["solve"]])
+def test_a_negative_seed_is_named(command, capsys):
+    """Before: `simulate --seed -1` said "expected non-negative integer" (no --seed); solve said "seed: ..."."""
+    code, err = _cli([*command, "--seed", "-1"], capsys)
+    assert code == 2 and "argument --seed: must be a non-negative integer, got '-1'" in err
+
+
+def _eta_functions():
+    from kvdro import ambiguity
+
+    ws = {"samples": SAMPLES, "c_p": 10.0, "c_w": 1.0, "eps": 1.0, "L_max": 10.0}
+    return [
+        (newsvendor.loss, {"xi": SAMPLES, "c_p": 10.0, "c_w": 1.0}),
+        (newsvendor.expected_cost, NV),
+        (wasserstein.worst_case_cost, ws),
+        (wasserstein.worst_case_cost, ws | {"method": "dual_lp"}),
+        (wasserstein.worst_case_cost, ws | {"method": "primal_lp"}),
+        (wasserstein.worst_case_distribution, ws),
+        (wasserstein.dual_problem, ws),
+        (wasserstein.primal_problem, ws),
+        (ambiguity.scarf_worst_case_cost, NV),
+        (ambiguity.scarf_problem, NV),
+        (ambiguity.kl_worst_case_cost, NV | {"radius": 0.1}),
+        (ambiguity.kl_problem, NV | {"radius": 0.1}),
+        (ambiguity.ks_worst_case_cost, NV | {"radius": 0.1, "L_max": 10.0}),
+        (ambiguity.ks_problem, NV | {"radius": 0.1, "L_max": 10.0}),
+        (ambiguity.worst_case_cost, NV | {"kind": "wasserstein", "radius": 1.0, "L_max": 10.0}),
+    ]
+
+
+@pytest.mark.parametrize("index", range(15), ids=lambda i: f"{_eta_functions()[i][0].__module__}.{_eta_functions()[i][0].__name__}-{i}")
+def test_a_negative_buffer_is_refused_everywhere(index):
+    """Before: wasserstein.worst_case_cost(..., eta=-1, ...) returned 63.33."""
+    function, good = _eta_functions()[index]
+    function(**good, eta=2.0)  # the good arguments are good
+    function(**good, eta=-1e-12)  # solver round-off is read as 0
+    with pytest.raises(ValueError, match=r"eta must be >= 0 \(a buffer of output tokens"):
+        function(**good, eta=-1.0)
+
+
+def test_negative_buffers_are_refused_in_a_batch_too():
+    with pytest.raises(ValueError, match="etas must be >= 0"):
+        wasserstein.worst_case_cost_many(SAMPLES, [0.0, 3.0, -1.0], 10.0, 1.0, 1.0, 10.0)
+    assert wasserstein.worst_case_cost_many(SAMPLES, [-1e-12], 10.0, 1.0, 1.0, 10.0)[0] == pytest.approx(
+        wasserstein.worst_case_cost(SAMPLES, 0.0, 10.0, 1.0, 1.0, 10.0))
+
+
+# --------------------------------------------------------------------------------- plans
+
+
+@pytest.fixture(scope="module")
+def small_plan(data_dir):
+    """`python -m kvdro solve --instance small --seed 0 --json`, run in process."""
+    import contextlib
+    import io
+    import json
+
+    from kvdro.__main__ import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["solve", "--instance", "small", "--seed", "0", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def _edited(plan, **solution):
+    import copy
+
+    p = copy.deepcopy(plan)
+    p["solution"].update(solution)
+    return p
+
+
+def test_a_plan_carries_its_instance_fingerprint(small_plan):
+    from kvdro.joint import paper_instance
+    from kvdro.sim.plan import FINGERPRINT_KEYS, instance_fingerprint
+
+    fp = small_plan["fingerprint"]
+    assert tuple(fp) == FINGERPRINT_KEYS and fp["classes"] == 6 and fp["J"] == 8 and fp["seed"] == 0
+    assert fp == instance_fingerprint(paper_instance("small", 0), size="small", seed=0, load=0.5)
+    other = instance_fingerprint(paper_instance("small", 7), size="small", seed=7, load=0.5)
+    assert other["samples_sha256"] != fp["samples_sha256"]  # the draw itself is fingerprinted
+
+
+def test_a_plan_for_another_instance_size_is_refused(small_plan):
+    """Before: a 6-class decision on the 15-class instance -> IndexError traceback (exit 1); a
+    15-class decision on the 6-class instance -> rows 0-5 used silently (exit 0)."""
+    from kvdro.joint import paper_instance
+    from kvdro.sim.plan import instance_fingerprint, simulate_plan
+
+    large = paper_instance("large", 0)
+    on_large = dict(small_plan, instance=dict(small_plan["instance"], size="large", name=large.name),
+                    fingerprint=instance_fingerprint(large, size="large", seed=0, load=0.5))
+    with pytest.raises(ValueError, match=r"a decision for 6 classes x 4 configurations, but the instance "
+                                         r"large-seed0-load0.5 has 15 classes"):
+        simulate_plan(on_large)
+    fifteen = _edited(small_plan, r=(small_plan["solution"]["r"] * 3)[:15],
+                      pi=(small_plan["solution"]["pi"] * 3)[:15], delta=(small_plan["solution"]["delta"] * 3)[:15])
+    with pytest.raises(ValueError, match=r"a decision for 15 classes x 4 configurations, but the instance "
+                                         r"small-seed0-load0.5 has 6 classes"):
+        simulate_plan(fifteen)
+
+
+def test_a_plan_with_negative_groups_or_routing_to_no_group_is_refused(small_plan):
+    """Before: z = [1, -1, -1, -1] silently rejected 11,375 of 12,902 requests; pi routing to a
+    configuration with z = 0 silently rejected the requests sent there."""
+    from kvdro.sim.plan import simulate_plan
+
+    with pytest.raises(ValueError, match=r"plan: 'solution': z: groups per configuration must be >= 0, got \[1, -1, -1, -1\]"):
+        simulate_plan(_edited(small_plan, z=[1, -1, -1, -1]))
+    z = small_plan["solution"]["z"]
+    empty = z.index(0)
+    pi = np.asarray(small_plan["solution"]["pi"])
+    pi[0, empty], pi[0, int(np.argmax(pi[0]))] = 0.25, pi[0].max() - 0.25
+    with pytest.raises(ValueError, match=rf"pi\[0, {empty}\] = 0.25 routes class .* which has z = 0 groups"):
+        simulate_plan(_edited(small_plan, pi=pi.tolist()))
+    with pytest.raises(ValueError, match=r"routing fractions must be >= 0"):
+        simulate_plan(_edited(small_plan, pi=(-pi).tolist()))
+
+
+def test_solution_check_names_shapes_routing_and_budget():
+    from kvdro.joint import Solution, paper_instance
+
+    inst = paper_instance("small", 0)
+    I, K = inst.n_classes, inst.n_configs
+    r, d = inst.input_tokens + 16, np.zeros((I, K))
+    ok = Solution(z=[1, 1, 0, 0], r=r, pi=np.tile([0.5, 0.5, 0.0, 0.0], (I, 1)), delta=d)
+    assert ok.check(inst) is ok
+    with pytest.raises(ValueError, match="z: groups per configuration must be >= 0"):
+        Solution(z=[1, -1, 0, 0], r=r, pi=np.zeros((I, K)), delta=d)
+    with pytest.raises(ValueError, match=r"which has z = 0 groups"):
+        Solution(z=[1, 1, 0, 0], r=r, pi=np.tile([0.5, 0.0, 0.5, 0.0], (I, 1)), delta=d).check(inst)
+    with pytest.raises(ValueError, match=r"routes 1.2 of class"):
+        Solution(z=[1, 1, 0, 0], r=r, pi=np.tile([0.6, 0.6, 0.0, 0.0], (I, 1)), delta=d).check(inst)
+    with pytest.raises(ValueError, match=r"uses 24 GPUs, more than J = 8"):
+        Solution(z=[4, 4, 0, 0], r=r, pi=np.zeros((I, K)), delta=d).check(inst)
+
+
+def test_a_plan_of_another_seed_is_refused_or_warned(small_plan):
+    """Before: a plan made for seed 0 ran on the seed-7 instance without a word."""
+    from kvdro.joint.paper import paper_trace
+    from kvdro.sim.plan import PlanMismatchWarning, simulate_plan
+
+    seven = dict(small_plan, instance=dict(small_plan["instance"], seed=7, name="small-seed7-load0.5"))
+    with pytest.raises(ValueError, match=r"plan: made for instance small-seed0-load0.5 .*seed 0.*, but its "
+                                         r"'instance' block rebuilds small-seed7-load0.5 .*seed 7.*differ: name, seed, "
+                                         r"samples_sha256"):
+        simulate_plan(seven)
+    trace = paper_trace("small", 7, load=0.5, part="test").iloc[:400]
+    with pytest.warns(PlanMismatchWarning, match=r"small-seed0-load0.5 .* small-seed7-load0.5"):
+        result, _ = simulate_plan(seven, trace)
+    assert result.metrics["completed"] > 0
+
+
+def test_a_plan_without_a_fingerprint_says_how_to_regenerate(small_plan):
+    from kvdro.sim.plan import simulate_plan
+
+    old = {k: v for k, v in small_plan.items() if k != "fingerprint"}
+    with pytest.raises(ValueError, match=r"no 'fingerprint'.*regenerate the plan: `python -m kvdro solve --instance small "
+                                         r"--seed 0 --load 0.5 --serving analytic --json > plan.json`"):
+        simulate_plan(old)

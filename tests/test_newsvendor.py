@@ -68,7 +68,7 @@ def test_saa_reservation_is_the_lower_quantile_and_optimal(xs, c_p, c_w):
     assert np.mean(x < eta) < q + 1e-12  # F_N(eta-) <= q*  (10b changes sign at eta)
     best = nv.expected_cost(x, eta, c_p, c_w)
     # the cost is piecewise linear with kinks at the samples: checking kinks and beyond suffices
-    candidates = np.concatenate([x, [x.min() - 1, x.max() + 1]])
+    candidates = np.concatenate([x, [max(x.min() - 1, 0.0), x.max() + 1]])  # buffers are >= 0
     assert all(nv.expected_cost(x, e, c_p, c_w) >= best - 1e-9 * max(1, best) for e in candidates)
 
 

@@ -362,6 +362,8 @@ class Solution:
         z = _real_array(self.z, "z")
         if z.ndim != 1 or not np.all(np.isfinite(z)) or np.any(z != np.round(z)):
             raise ValueError("z: must be a 1-D array of integers (groups per configuration)")
+        if np.any(z < 0):
+            raise ValueError(f"z: groups per configuration must be >= 0, got {np.round(z).astype(int).tolist()}")
         set_(self, "z", np.round(z).astype(int))
         r = _real_array(self.r, "r")
         if r.ndim != 1 or not np.all(np.isfinite(r)):
@@ -370,6 +372,9 @@ class Solution:
         pi = _real_array(self.pi, "pi")
         if pi.shape != (r.size, z.size) or not np.all(np.isfinite(pi)):
             raise ValueError(f"pi: must be a finite array of shape (I, K) = ({r.size}, {z.size})")
+        if np.any(pi < 0):
+            i, k = (int(v[0]) for v in np.nonzero(pi < 0))
+            raise ValueError(f"pi: routing fractions must be >= 0; pi[{i}, {k}] = {pi[i, k]!r}")
         set_(self, "pi", pi)
         d = _real_array(self.delta, "delta")
         if d.shape != pi.shape or not np.all(np.isin(d, (0, 1))):
@@ -383,6 +388,39 @@ class Solution:
             raise ValueError(f"status, method: must be strings, got {self.status!r}, {self.method!r}")
         for a in ("z", "r", "pi", "delta"):
             getattr(self, a).setflags(write=False)
+
+    def check(self, instance: Instance, argument: str = "solution", tol: float = 1e-9) -> Solution:
+        """This decision as a plan for ``instance``: shapes (I,), (K,), (I, K) of the instance, every
+        routed fraction on a deployed configuration (pi_ik > 0 only where z_k > 0), at most all of a
+        class routed (6d), and z within the GPU budget J (6b). Returns ``self``.
+
+        A solution object may describe an infeasible decision (:func:`kvdro.joint.evaluate` reports
+        its violations); a plan to *serve* must pass this check (``tol`` absorbs solver round-off).
+
+        Raises:
+            ValueError: naming ``argument``, the mismatched shape, or the class and configuration.
+        """
+        if not isinstance(instance, Instance):
+            raise ValueError(f"instance: must be a kvdro.joint.Instance, got {type(instance).__name__}")
+        I, K = instance.n_classes, instance.n_configs
+        if self.z.shape != (K,) or self.r.shape != (I,):
+            raise ValueError(f"{argument}: a decision for {self.r.size} classes x {self.z.size} configurations, "
+                             f"but the instance {instance.name or ''} has {I} classes x {K} configurations")
+        names = [c.config.name for c in instance.configs]
+        off = (self.pi > tol) & (self.z == 0)[None, :]
+        if off.any():
+            i, k = (int(v[0]) for v in np.nonzero(off))
+            raise ValueError(f"{argument}: pi[{i}, {k}] = {self.pi[i, k]:.6g} routes class "
+                             f"{instance.classes[i].name!r} to configuration {names[k]}, which has z = 0 groups")
+        over = self.pi.sum(axis=1) > 1 + tol
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            raise ValueError(f"{argument}: pi routes {self.pi[i].sum():.6g} of class {instance.classes[i].name!r} "
+                             "(at most 1: the rest is rejected, (6d))")
+        gpus = int(sum(int(n) * cfg.config.gpus for n, cfg in zip(self.z, instance.configs)))
+        if gpus > instance.total_gpus:
+            raise ValueError(f"{argument}: z = {self.z.tolist()} uses {gpus} GPUs, more than J = {instance.total_gpus} (6b)")
+        return self
 
     @property
     def admitted(self) -> np.ndarray:

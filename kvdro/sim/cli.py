@@ -23,7 +23,18 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_parser", "run", "load_trace_arg"]
+__all__ = ["add_parser", "run", "load_trace_arg", "seed_arg"]
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of ``--seed``: a non-negative integer (argparse names ``--seed`` in the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -39,7 +50,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--rho", type=float, default=10.0, help="cost ratio c_p / c_w (default 10)")
     s.add_argument("--config", default=None, help="serving configuration, e.g. TP4-PP1 (default: 2 x TP4-PP1)")
     s.add_argument("--groups", type=int, default=None, help="number of groups of --config (default: as many as 8 GPUs hold)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the routing draw (default 0)")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the routing draw (default 0)")
     s.add_argument("--scale", type=float, default=1.0, help="multiplier of the arrival rate (default 1)")
     s.add_argument("--max-model-len", type=int, default=None, help="context window in tokens (default 16384; Llama-2: 4096)")
     s.add_argument("--engine", choices=("fast", "reference"), default="fast", help="simulation engine (default fast)")
@@ -62,7 +73,23 @@ def load_trace_arg(trace: str):
     path = Path(trace)
     if not path.is_file():
         raise ValueError(f"--trace: {trace!r} is neither a known dataset ({', '.join(sorted(datasets.REGISTRY))}) nor a CSV file")
-    return datasets.read_azure_csv(path, path.stem)
+    from kvdro.sim.timing import MAX_HORIZON_S
+
+    return datasets.read_azure_csv(path, path.stem, max_span_s=MAX_HORIZON_S)
+
+
+def _scaled(trace, scale: float):
+    """``trace`` with its arrival rate multiplied by ``scale``; ValueError names ``--scale`` when the
+    stretched arrivals no longer fit the simulator's clock (:data:`kvdro.sim.timing.MAX_HORIZON_S`)."""
+    from kvdro.sim.timing import MAX_HORIZON_S
+
+    t = trace["arrival_s"].to_numpy(dtype=float)
+    span = float(t.max() - t.min()) if t.size else 0.0
+    if span / scale > MAX_HORIZON_S:
+        raise ValueError(f"--scale: {scale:g} stretches the trace's {span:.3g} s of arrivals to {span / scale:.3g} s, "
+                         f"more than the {MAX_HORIZON_S:.3g} s ({MAX_HORIZON_S / 86400:.1f} days) the simulator's "
+                         f"clock holds; use --scale >= {span / MAX_HORIZON_S:.3g}")
+    return trace.assign(arrival_s=t / scale)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--scale: must be a positive number, got {args.scale!r}")
         trace = load_trace_arg(args.trace)
         if args.scale != 1.0:
-            trace = trace.assign(arrival_s=trace["arrival_s"] / args.scale)
+            trace = _scaled(trace, args.scale)
         settings = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         dep = default_deployment(trace, config=args.config or "TP4-PP1", groups=args.groups, **settings)
         result = simulate(trace, policy=args.policy, deployment=dep, rho=args.rho, rng=np.random.default_rng(args.seed),

@@ -34,7 +34,7 @@ from kvdro.sim.invariants import check_accounting, check_engine
 from kvdro.sim.metrics import compute_metrics, default_costs
 from kvdro.sim.policies import POLICIES, Buffers, policy_buffers, request_buffers
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
-from kvdro.sim.timing import PS_PER_S, StepClock
+from kvdro.sim.timing import MAX_HORIZON_S, PS_PER_S, StepClock
 
 __all__ = ["ENGINES", "READINGS", "SimResult", "simulate", "check_trace"]
 
@@ -85,7 +85,11 @@ def _plain(value):
 
 
 def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
-    """Validate a tidy trace; ValueError names the column and the first bad row."""
+    """Validate a tidy trace; ValueError names the column and the first bad row.
+
+    Arrivals must be finite and >= 0 and span at most :data:`kvdro.sim.timing.MAX_HORIZON_S`
+    (53 days: the int64 picosecond clock); every request names its class; token counts are
+    integers (prompts >= 1 token)."""
     if not isinstance(trace, pd.DataFrame):
         raise ValueError(f"{argument}: must be a pandas DataFrame with columns {list(_TIDY)}")
     missing = [c for c in _TIDY if c not in trace.columns]
@@ -98,6 +102,18 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{argument}: column 'arrival_s' must hold finite times >= 0 [s]; row {i} has {_plain(trace['arrival_s'].iloc[i])!r}")
+    first, last = int(np.argmin(t)), int(np.argmax(t))
+    if t[last] - t[first] > MAX_HORIZON_S:  # the int64 picosecond clock would wrap (kvdro.sim.timing)
+        raise ValueError(f"{argument}: column 'arrival_s' spans {t[last] - t[first]:.3g} s, from row {first} "
+                         f"({_plain(t[first])!r} s) to row {last} ({_plain(t[last])!r} s): more than the "
+                         f"{MAX_HORIZON_S:.3g} s ({MAX_HORIZON_S / 86400:.1f} days) of arrivals the simulator's "
+                         "int64 picosecond clock holds")
+    cls = trace["request_class"]
+    bad = cls.isna().to_numpy() | (cls.astype(str).str.strip() == "").to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{argument}: column 'request_class' must name each request's class; row {i} has "
+                         f"{_plain(cls.iloc[i])!r}")
     for col in ("input_tokens", "output_tokens"):
         v = pd.to_numeric(trace[col], errors="coerce").to_numpy(dtype=float)
         bad = ~np.isfinite(v) | (v < 0) | (v != np.round(v))

@@ -29,12 +29,22 @@ from __future__ import annotations
 
 from kvdro.hardware import GPU, Model, ParallelConfig, step_time
 
-__all__ = ["PS_PER_S", "StepClock", "seconds_to_ps"]
+__all__ = ["MAX_HORIZON_PS", "MAX_HORIZON_S", "PS_PER_S", "StepClock", "seconds_to_ps"]
 
 _SHARED: dict = {}
 
 #: Picoseconds per second: the simulator's unit of time.
 PS_PER_S = 10**12
+
+#: The longest span of arrivals (last minus first) a trace may have [ps]: half of the int64 range
+#: (2**63 - 1 ps = 9.22e6 s = 106.8 days), so the clock keeps as much again -- 53 days -- for the
+#: queue to drain after the last arrival. The margin is generous: serving the whole 19,366-request
+#: conversation trace one request at a time (batch 1, nothing overlapped) takes 1.7 days of
+#: simulated time on one TP4-PP1 group (2.7 on TP2-PP1), a twentieth of the margin or less. Past it,
+#: the cast to int64 wraps and every time is silently wrong (:func:`kvdro.sim.check_trace`).
+MAX_HORIZON_PS = 2**62
+#: :data:`MAX_HORIZON_PS` in seconds (4.61e6 s, 53.4 days).
+MAX_HORIZON_S = MAX_HORIZON_PS / PS_PER_S
 
 
 def seconds_to_ps(seconds: float) -> int:
