@@ -301,12 +301,15 @@ def test_bootstrap_rejects_bad_units():
 
 
 # ------------------------------------------------------------------------------------------ verdicts
-def _row(trace, policy, rho, per_block_cost, *, preemptions=10, kv=0.7, seed=0, **extra):
-    """A sweep row with per-block strings: ``per_block_cost`` per block, one request served per block."""
+def _row(trace, policy, rho, per_block_cost, *, preemptions=10, kv=0.7, seed=0, good=None, **extra):
+    """A sweep row with per-block strings: ``per_block_cost`` per block, ten requests served per
+    block, ``good`` of them within their deadline (default: more of them the cheaper the block)."""
     c = np.asarray(per_block_cost, dtype=float)
+    g = np.clip(10.0 * 50.0 / (50.0 + c), 0, 10) if good is None else np.broadcast_to(np.asarray(good, dtype=float), c.shape)
     return {"trace": trace, "seed": seed, "policy": policy, "rho": rho, "preemptions": preemptions,
             "kv_utilisation_mean": kv, "newsvendor_per_req": c.mean(), verdicts.COST: c.mean(),
-            "blk_nv": unc.encode(c), "blk_total": unc.encode(c), "blk_served": unc.encode(np.ones(unc.N_BLOCKS)), **extra}
+            "blk_nv": unc.encode(c), "blk_total": unc.encode(c), "blk_served": unc.encode(np.full(unc.N_BLOCKS, 10.0)),
+            "blk_realised": unc.encode(c), "blk_good": unc.encode(g), **extra}
 
 
 def _t2(dro_factor: dict, *, preemptions=10, kv=0.7) -> pd.DataFrame:
@@ -326,17 +329,79 @@ def test_table2_rule_can_come_out_every_way():
     assert verdicts.table2_verdict(_t2({2: 0.9, 10: 0.9, 100: 0.9})).verdict == "holds partly"
     assert verdicts.table2_verdict(_t2({2: 1.3, 10: 1.3, 100: 0.5})).verdict == "does not hold"  # 1 of 3: no majority
     assert verdicts.table2_verdict(_t2({2: 0.5, 10: 0.5, 100: 1.3})).verdict == "holds partly"  # 2 of 3
-    assert verdicts.table2_verdict(_t2({2: 0.4, 10: 0.5}, preemptions=0)).verdict == "cannot be checked"
-    assert verdicts.table2_verdict(_t2({2: 0.4, 10: 0.5}, preemptions=0.5)).verdict == "cannot be checked"  # < 1 per run
-    v = verdicts.table2_verdict(_t2({2: 0.4, 10: 0.5}, kv=0.3))
-    assert v.verdict == "cannot be checked" and "KV use" in v.reason
+    # no preemption and an idle cache are no reason: over-reservation is measurable without them
+    v = verdicts.table2_verdict(_t2({2: 0.4, 10: 0.5}, preemptions=0, kv=0.05))
+    assert v.verdict == "holds" and v.engine_verdict == "holds"
+
+
+def test_table2_engine_reading_judges_goodput_not_cost():
+    """Cheaper in the paper's accounting but fewer requests within their deadline: the readings differ."""
+    df = _t2({2: 0.4, 10: 0.5, 100: 0.6})
+    df.loc[df.policy == "dro", "blk_good"] = unc.encode(np.full(unc.N_BLOCKS, 2.0))
+    df.loc[df.policy != "dro", "blk_good"] = unc.encode(np.full(unc.N_BLOCKS, 8.0))
+    v = verdicts.table2_verdict(df)
+    assert v.verdict == "holds" and v.engine_verdict == "does not hold"
+    assert "-75" in v.engine_reason  # 2 / 8 - 1
+    row = v.as_row()
+    assert row["engine_verdict"] == "does not hold" and row["verdict"] == "holds" and row["engine_reason"]
+
+
+def test_table2_reason_says_where_dro_is_saa():
+    df = _t2({2: 0.4, 10: 0.5})
+    for col in ("blk_total", "blk_nv", "blk_good", "blk_realised"):
+        df.loc[df.policy == "saa", col] = df.loc[df.policy == "dro", col].to_numpy()
+    assert "DRO = SAA there" in verdicts.table2_verdict(df).reason
 
 
 def test_identical_plans_cannot_be_checked():
     df = _t2({2: 1.0})
-    df.loc[df.policy == "dro", ["blk_total", "blk_nv"]] = df.loc[df.policy == "p90", ["blk_total", "blk_nv"]].to_numpy()
-    df.loc[df.policy == "p95", ["blk_total", "blk_nv"]] = df.loc[df.policy == "p90", ["blk_total", "blk_nv"]].to_numpy()
-    assert verdicts.table2_verdict(df).verdict == "cannot be checked"
+    cols = ["blk_total", "blk_nv", "blk_good", "blk_realised"]
+    df.loc[df.policy == "dro", cols] = df.loc[df.policy == "p90", cols].to_numpy()
+    df.loc[df.policy == "p95", cols] = df.loc[df.policy == "p90", cols].to_numpy()
+    v = verdicts.table2_verdict(df)
+    assert v.verdict == "cannot be checked" and v.engine_verdict == "cannot be checked"
+    assert "identical" in v.reason
+
+
+def test_old_cache_without_goodput_is_an_error_naming_the_column():
+    df = _t2({2: 0.4}).drop(columns="blk_good")
+    with pytest.raises(ValueError, match="blk_good"):
+        verdicts.table2_verdict(df)
+
+
+def test_fig3_leaves_out_rules_identical_to_dro():
+    """Where DRO = SAA, DRO is compared with the other rules only: a DRO costlier than every
+    other rule but SAA fails, though it ties SAA."""
+    rng = np.random.default_rng(8)
+    rows = []
+    for load in (0.5, 1.0):
+        base = rng.gamma(5.0, 20.0, size=unc.N_BLOCKS)
+        for p in verdicts.FIG3_RULES:
+            mult = 2.0 if p in ("dro", "saa") else 1.0
+            rows.append(_row("t", p, 10, base * mult, load=load))
+    df = pd.DataFrame(rows)
+    for col in ("blk_total", "blk_nv", "blk_good", "blk_realised"):
+        df.loc[df.policy == "saa", col] = df.loc[df.policy == "dro", col].to_numpy()
+    v = verdicts.fig3_verdict(df)
+    assert v.verdict == "does not hold" and "identical to DRO left out: 2" in v.reason
+
+
+def test_fig6_is_judged_at_the_largest_stable_shift():
+    rng = np.random.default_rng(9)
+    rows = []
+    for shift, drain in ((1.0, 0.01), (2.0, 0.02), (3.0, 0.3)):
+        for variant, bins in (("bcd-dro", 20), ("no-dro", 20 if shift == 3.0 else 30)):
+            h = np.zeros((unc.N_BLOCKS, len(unc.LATENCY_BINS) - 1))
+            h[:, bins] = 5
+            c = 100 * rng.normal(1, 0.01, unc.N_BLOCKS)
+            rows.append(_row("x", "dro", 10, c, source="real", variant=variant, shift=shift, plan_key=variant,
+                             blk_e2e_hist=unc.encode(h), drain_share=drain, backlog_first=1.0, backlog_second=1.0))
+    df = pd.DataFrame(rows)
+    v = verdicts.fig6_verdict(df)
+    assert "s = 2" in v.reason and v.verdict == "holds"  # at s = 2 the SAA plan's P99 is ten bins up
+    df.loc[df["shift"] == 2.0, "drain_share"] = 0.2  # now no shifted run is stable
+    v = verdicts.fig6_verdict(df)
+    assert v.verdict == "cannot be checked" and "no stable shifted run" in v.reason
 
 
 def test_table4_rule_uses_worst_regret_with_an_interval():
@@ -392,7 +457,7 @@ def test_verdict_rejects_unknown_label():
 def test_cli_table4_quick_json(data_dir, tmp_path):
     """`python -m kvdro.experiments table4 --quick --json`: every policy x rho in {2, 10, 100}, each
     with finite cost, P99 latency, SLO-violation rate and preemptions, and no request lost."""
-    from kvdro.sim import POLICIES
+    from kvdro.experiments.sweeps import TABLE4_POLICIES as POLICIES
 
     env = dict(os.environ, KVDRO_DATA_DIR=str(data_dir), KVDRO_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run(
@@ -422,8 +487,10 @@ def test_cli_verdicts_json_is_one_document_with_the_fields(data_dir):
     payload = json.loads(out.stdout)  # exactly one JSON document
     assert isinstance(payload, list) and [v["claim"] for v in payload] == list(verdicts.CLAIMS)
     for v in payload:
-        assert set(v) == {"claim", "regime", "verdict", "reason", "preemptions", "kv_utilisation_mean"}
+        assert set(v) == {"claim", "regime", "verdict", "reason", "engine_verdict", "engine_reason", "preemptions",
+                          "kv_utilisation_mean"}
         assert v["regime"] == "light" and v["verdict"] in verdicts.VERDICTS and v["reason"]
+        assert v["engine_verdict"] in verdicts.VERDICTS + (verdicts.NO_ENGINE,) and v["engine_reason"]
 
 
 def test_regimes_are_the_documented_operating_points():

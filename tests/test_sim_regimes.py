@@ -9,38 +9,53 @@ import pytest
 from kvdro.sim import regimes
 
 
-def cell(deployment, load, kv, pre, slo, drain=0.0, trace="conversation"):
+def cell(deployment, load, kv, pre, slo, drain=0.0, trace="conversation", backlog=(1.0, 1.0)):
     return {"trace": trace, "deployment": deployment, "load": load, "kv_mean": kv, "kv_peak": min(1.0, 2 * kv),
-            "preemptions": pre, "slo_violation": slo, "e2e_p99_s": 10.0 * load, "drain_share": drain}
+            "preemptions": pre, "slo_violation": slo, "e2e_p99_s": 10.0 * load, "drain_share": drain,
+            "backlog_first": backlog[0], "backlog_second": backlog[1]}
 
 
 def test_classify_follows_the_written_rules():
     f = regimes.classify(pd.DataFrame([
         cell("4 x TP2-PP1", 0.2, 0.10, 0, 0.30),  # light (SLO floor 0.30)
-        cell("4 x TP2-PP1", 0.6, 0.65, 12, 0.35),  # memory-bound, latency within 10 points of the floor
-        cell("4 x TP2-PP1", 0.75, 0.70, 80, 0.45),  # memory-bound, 15 points above the floor: saturated
+        cell("4 x TP2-PP1", 0.6, 0.65, 12, 0.35),  # memory-bound, stable
+        cell("4 x TP2-PP1", 0.75, 0.70, 80, 0.45),  # 15 points above the floor, but the queue is stable
         cell("4 x TP2-PP1", 1.0, 0.90, 400, 0.38, drain=0.2),  # the queue outgrows the trace
+        cell("4 x TP2-PP1", 1.1, 0.90, 400, 0.38, backlog=(5.0, 6.5)),  # the backlog grows by 1.5 > 1 request
         cell("2 x TP4-PP1", 0.2, 0.01, 0, 0.02),
         cell("2 x TP4-PP1", 0.5, 0.55, 0, 0.05),  # no preemption but KV >= 50 %: between
-        cell("2 x TP4-PP1", 1.0, 0.20, 0, 0.60),  # compute-saturated
+        cell("2 x TP4-PP1", 0.8, 0.20, 0, 0.60, backlog=(5.0, 5.9)),  # stable, latency grown: not light
+        cell("2 x TP4-PP1", 1.0, 0.20, 0, 0.60, drain=0.06),  # compute-saturated
     ]))
-    assert list(f["regime"]) == ["light", "memory-bound", "memory-bound, saturated", "memory-bound, saturated",
-                                 "light", "between", "compute-saturated"]
-    assert f["slo_floor"].tolist()[:4] == [0.30] * 4
+    assert list(f["regime"]) == ["light", "memory-bound", "memory-bound", "memory-bound, saturated",
+                                 "memory-bound, saturated", "light", "between", "between", "compute-saturated"]
+    assert f["stable"].tolist() == [True, True, True, False, False, True, True, True, False]
+    assert f["slo_floor"].tolist()[:5] == [0.30] * 5
+
+
+def test_backlog_halves_integrates_the_waiting_time():
+    req = pd.DataFrame({"arrival_s": [0.0, 1.0, 5.0, 10.0], "admit_s": [0.0, 6.0, 9.0, 10.0]})
+    first, second = regimes.backlog_halves(req)
+    # span 10 s, halves [0, 5) and [5, 10): request 1 waits 4 s in the first, 1 s in the second; request 2 waits 4 s
+    assert (first, second) == pytest.approx((4.0 / 5.0, 5.0 / 5.0))
+    with pytest.raises(ValueError, match="requests"):
+        regimes.backlog_halves(req.iloc[:0])
 
 
 def test_operating_points_by_rule_and_the_nearest_when_none_fits():
     rows = [cell("4 x TP2-PP1", 0.2, 0.10, 0, 0.30), cell("4 x TP2-PP1", 0.6, 0.62, 5, 0.36),
             cell("4 x TP2-PP1", 0.65, 0.66, 9, 0.33), cell("2 x TP4-PP1", 0.2, 0.01, 0, 0.02),
-            cell("2 x TP4-PP1", 0.5, 0.04, 0, 0.08), cell("2 x TP4-PP1", 0.6, 0.05, 0, 0.16)]
+            cell("2 x TP4-PP1", 0.5, 0.04, 0, 0.08), cell("2 x TP4-PP1", 0.6, 0.05, 0, 0.16),
+            cell("TP4-PP1 + 2 x TP2-PP1", 0.6, 0.70, 50, 0.05)]  # a mixed deployment is never the memory point
     pts = regimes.choose_operating_points(pd.DataFrame(rows))
     assert (pts["memory"].deployment_label, pts["memory"].scale, pts["memory"].exact) == ("4 x TP2-PP1", 0.65, True)
     assert (pts["light"].deployment_label, pts["light"].scale) == ("2 x TP4-PP1", 0.5)  # 0.6 is 14 points above the floor
     assert pts["memory"].deployment().groups == pts["memory"].deployment().groups[:1] * 4
     # no memory-bound stable cell: the stable preempting cell with the most KV in use, flagged
-    rows[1], rows[2] = cell("4 x TP2-PP1", 0.6, 0.49, 17, 0.34), cell("4 x TP2-PP1", 0.65, 0.62, 40, 0.50)
+    rows[1], rows[2] = cell("4 x TP2-PP1", 0.6, 0.49, 17, 0.34), cell("4 x TP2-PP1", 0.65, 0.62, 40, 0.50, drain=0.3)
+    rows[6] = cell("TP4-PP1 + 2 x TP2-PP1", 0.6, 0.55, 50, 0.05)
     pts = regimes.choose_operating_points(pd.DataFrame(rows))
-    assert (pts["memory"].scale, pts["memory"].exact) == (0.6, False)
+    assert (pts["memory"].deployment_label, pts["memory"].scale, pts["memory"].exact) == ("4 x TP2-PP1", 0.6, False)
     with pytest.raises(ValueError, match="trace"):
         regimes.choose_operating_points(pd.DataFrame(rows), trace="code")
 
@@ -61,7 +76,12 @@ def test_cached_map_covers_the_grid_and_names_both_points():
     assert set(pts) == {"memory", "light"}
     row = f[(f["trace"] == "conversation") & (f["deployment"] == pts["memory"].deployment_label)
             & (f["load"] == pts["memory"].scale)].iloc[0]
-    assert row["preemptions"] > 0 and not row["saturated"]
+    assert row["preemptions"] > 0 and row["stable"] and row["memory_bound"] and row["regime"] == "memory-bound"
+    assert {"backlog_first", "backlog_second"} <= set(f.columns)
+    # the memory point is the memory-bound, stable cell with the lowest SLO violation
+    both = regimes.memory_bound_stable(f)
+    both = both[(both["trace"] == "conversation") & (both["deployment"] == pts["memory"].deployment_label)]
+    assert pts["memory"].slo_violation == pytest.approx(both["slo_violation"].min())
     assert f.loc[(f["deployment"] == pts["light"].deployment_label) & (f["load"] == pts["light"].scale)
                  & (f["trace"] == "conversation"), "regime"].iloc[0] == "light"
 

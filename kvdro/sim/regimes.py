@@ -1,31 +1,38 @@
-"""The regime map: where memory binds, where nothing binds, where compute saturates (chapter 7).
+"""The regime map: where memory binds, where the queue grows, where nothing binds (chapters 7-9).
 
 Every cell is one 8-GPU deployment serving the **second half** of a real trace (by arrival, the
 part the experiments test on; its arrival times re-zeroed and divided by ``load``, so the trace's
 burstiness is kept) under vLLM's own policy, and, beside it, the soft DRO reservation at rho = 10.
-Each cell is classified by rules written here, before the sweep (:func:`classify`):
+Goodput and SLO violation use each request's own deadline, D = 2 s + 0.1 s x its xi
+(``simulate``'s default ``deadline="request"``). Each cell is classified by rules written here,
+before the sweep (:func:`classify`), all on ``vllm``'s run:
 
-* **memory-bound**: mean KV use >= 60 % and ``vllm`` preempts (the paper's premise: the reservation
-  decides who waits and who is thrown out);
-* **saturated** (compute): latency grows with load beyond what the deployment gives when lightly
-  loaded -- ``vllm``'s SLO violation exceeds the deployment's own at the lowest load of the map by
-  more than 10 points (requests pile up in the engine: bigger batches, longer steps, prefill
-  stalls), or the queue outgrows the trace -- the engines need more than 5 % of the arrival span
-  after the last arrival to drain (if arrivals outpace service by a share x, the backlog at the end
-  takes about x of the span to serve). The SLO floor differs by deployment: TP2 groups decode more
-  slowly, so some long requests miss their SLO at any load;
-* **light** (nothing binds): no preemption, mean KV use < 50 %, not saturated;
-* otherwise **between**.
+* **stable** (judged by the queue, not by latency): the engines drain within
+  :data:`DRAIN_SATURATED` (5 %) of the arrival span after the last arrival, **and** the backlog does
+  not grow between the two halves of the trace -- the time-average number of requests waiting for
+  their first admission over the second half of the arrival span is at most the first half's plus
+  :data:`BACKLOG_SLACK` (one request). A cell that is not stable is **saturated** (its queue
+  outgrows the trace, whatever binds);
+* **memory-bound**: mean KV use >= :data:`KV_MEMORY_BOUND` (60 %) and ``vllm`` preempts (the
+  paper's premise: the reservation decides who waits and who is thrown out);
+* **light** (nothing binds): stable, no preemption, mean KV use < :data:`KV_LIGHT` (50 %), and
+  latency has not grown with load: ``vllm``'s SLO violation is within
+  :data:`SLO_EXCESS_SATURATED` (10 points) of the deployment's own at the map's lowest load (bigger
+  batches slow every step: compute binds before the queue grows);
+* regime labels: ``"memory-bound"`` (memory-bound and stable), ``"memory-bound, saturated"``,
+  ``"compute-saturated"`` (saturated, memory not binding), ``"light"``, otherwise ``"between"``.
 
 :func:`choose_operating_points` applies a rule to the map to name the operating points the paper is
 tested in; :data:`OPERATING_POINTS` (read lazily from ``data/sim_regimes.csv``) holds them:
 
-* ``"memory"``: among memory-bound, stable cells of the conversation trace, the one with the lowest
+* ``"memory"`` (the primary point): among the memory-bound, stable cells of the conversation trace
+  on a deployment of one configuration (the experiments' deployments), the one with the lowest
   ``vllm`` SLO violation (ties: the lower load). If no cell is both, the nearest: among stable
   cells where ``vllm`` preempts, the highest mean KV use (``exact=False`` says so).
 * ``"light"``: on the paper's default 2 x TP4-PP1, the highest load at which nothing binds.
 
-``python -m kvdro.bench sim --regimes`` regenerates the CSV.
+:func:`memory_bound_stable` lists every memory-bound, stable cell (the headroom study reports them
+all). ``python -m kvdro.bench sim --regimes`` regenerates the CSV.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ __all__ = [
     "KV_MEMORY_BOUND",
     "KV_LIGHT",
     "DRAIN_SATURATED",
+    "BACKLOG_SLACK",
+    "backlog_halves",
+    "memory_bound_stable",
     "SLO_EXCESS_SATURATED",
     "OperatingPoint",
     "deployment",
@@ -73,7 +83,10 @@ KV_MEMORY_BOUND = 0.60
 KV_LIGHT = 0.50
 #: Drain time after the last arrival, as a share of the arrival span, above which queues grow.
 DRAIN_SATURATED = 0.05
-#: SLO violation above the deployment's own at the lowest load from which latency has grown.
+#: A backlog "grows" if its second-half mean exceeds the first half's by more than this [requests].
+BACKLOG_SLACK = 1.0
+#: SLO violation above the deployment's own at the lowest load from which latency has grown (a
+#: cell that is stable but above it is not light).
 SLO_EXCESS_SATURATED = 0.10
 #: The reservation policy simulated beside ``vllm`` in every cell, and its cost ratio.
 RESERVATION_POLICY, RESERVATION_RHO = "dro", 10.0
@@ -115,8 +128,30 @@ def _cell(test: pd.DataFrame, train: pd.DataFrame, dep: Deployment, policy: str,
         "goodput_rps": m["goodput_rps"],
         "mean_batch": m["mean_batch"],
         "drain_share": max(0.0, end - span) / span,
+        **dict(zip(("backlog_first", "backlog_second"), backlog_halves(r.requests))),
         "wait_share": float(r.requests["wait_s"].mean() / r.requests["e2e_s"].mean()),
     }
+
+
+def backlog_halves(requests: pd.DataFrame) -> tuple[float, float]:
+    """Time-average number of requests waiting for their first admission over the first and the
+    second half of the arrival span [requests] (a request waits from ``arrival_s`` to ``admit_s``;
+    rejected and ignored requests never wait). From :attr:`SimResult.requests`."""
+    a = requests["arrival_s"].to_numpy(dtype=float)
+    if a.size == 0:
+        raise ValueError("requests: empty")
+    b = requests["admit_s"].to_numpy(dtype=float)
+    t0, span = float(a.min()), float(a.max() - a.min())
+    if span <= 0:
+        return 0.0, 0.0
+    a, b = a - t0, b - t0
+    waiting = np.isfinite(b)
+    a, b = a[waiting], b[waiting]
+    half = span / 2
+    out = []
+    for lo, hi in ((0.0, half), (half, span)):
+        out.append(float(np.clip(np.minimum(b, hi) - np.maximum(a, lo), 0.0, None).sum() / half))
+    return out[0], out[1]
 
 
 def regime_map(traces: dict[str, pd.DataFrame], *, deployments=tuple(DEPLOYMENTS), loads=LOADS, seed: int = 0,
@@ -145,18 +180,30 @@ def regime_map(traces: dict[str, pd.DataFrame], *, deployments=tuple(DEPLOYMENTS
 
 
 def classify(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add ``memory_bound``, ``saturated``, ``light`` and ``regime`` columns by the module's rules."""
+    """Add ``stable``, ``memory_bound``, ``saturated`` (= not stable), ``light`` and ``regime``
+    columns by the module's rules. A frame without backlog columns is judged by its drain alone."""
     out = frame.copy()
     lowest = out.loc[out.groupby(["trace", "deployment"])["load"].idxmin()].set_index(["trace", "deployment"])["slo_violation"]
     out["slo_floor"] = [lowest[(t, d)] for t, d in zip(out["trace"], out["deployment"])]
     out["slo_excess"] = out["slo_violation"] - out["slo_floor"]
+    growing = np.zeros(len(out), dtype=bool)
+    if {"backlog_first", "backlog_second"} <= set(out.columns):
+        growing = (out["backlog_second"] > out["backlog_first"] + BACKLOG_SLACK).to_numpy()
+    out["backlog_growing"] = growing
+    out["stable"] = (out["drain_share"] <= DRAIN_SATURATED) & ~out["backlog_growing"]
+    out["saturated"] = ~out["stable"]
     out["memory_bound"] = (out["kv_mean"] >= KV_MEMORY_BOUND) & (out["preemptions"] > 0)
-    out["saturated"] = (out["drain_share"] > DRAIN_SATURATED) | (out["slo_excess"] > SLO_EXCESS_SATURATED)
-    out["light"] = (out["preemptions"] == 0) & (out["kv_mean"] < KV_LIGHT) & ~out["saturated"]
+    out["light"] = (out["preemptions"] == 0) & (out["kv_mean"] < KV_LIGHT) & out["stable"] & (out["slo_excess"] <= SLO_EXCESS_SATURATED)
     out["regime"] = np.select(
-        [out["memory_bound"] & ~out["saturated"], out["memory_bound"] & out["saturated"], out["saturated"], out["light"]],
+        [out["memory_bound"] & out["stable"], out["memory_bound"] & out["saturated"], out["saturated"], out["light"]],
         ["memory-bound", "memory-bound, saturated", "compute-saturated", "light"], default="between")
     return out
+
+
+def memory_bound_stable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The memory-bound, stable cells of a regime map (every trace and deployment), by load."""
+    f = classify(frame)
+    return f[f["memory_bound"] & f["stable"]].sort_values(["trace", "deployment", "load"], kind="stable")
 
 
 @dataclass(frozen=True)
@@ -200,14 +247,15 @@ def choose_operating_points(frame: pd.DataFrame, trace: str = "conversation") ->
     if f.empty:
         raise ValueError(f"trace: no cell of trace {trace!r} in the regime map")
     points = {}
-    both = f[f["memory_bound"] & ~f["saturated"]]
+    uniform = f["deployment"].map(lambda d: len(set(DEPLOYMENTS.get(str(d), ("?", "!")))) == 1)
+    both = f[f["memory_bound"] & f["stable"] & uniform]
     if len(both):
         row = both.sort_values(["slo_violation", "load"], kind="stable").iloc[0]
         points["memory"] = _point("memory", row, True)
     else:
-        near = f[~f["saturated"] & (f["preemptions"] > 0)]
+        near = f[f["stable"] & uniform & (f["preemptions"] > 0)]
         if near.empty:
-            near = f[~f["saturated"]]
+            near = f[f["stable"] & uniform]
         row = near.sort_values(["kv_mean", "load"], ascending=[False, True], kind="stable").iloc[0]
         points["memory"] = _point("memory", row, False)
     light = f[(f["deployment"] == "2 x TP4-PP1") & f["light"]]
