@@ -19,6 +19,19 @@ a training trace:
               the request's own prompt length (clipped to [0, L_max^i]).
 ============  =================================================================================
 
+Two **oracles** (:data:`ORACLE_POLICIES`) know every request's true output length xi (after the
+context cap); they bound what knowing the length is worth and need no training data
+(:func:`policy_buffers` returns an empty :class:`Buffers`):
+
+============  =================================================================================
+``oracle``    vLLM's reactive admission plus a look-ahead with the true lengths: a request is
+              admitted only if no running sequence will ever run out of blocks (the block usage
+              of every known trajectory stays below the watermark's line); it never preempts
+              (:mod:`kvdro.sim.scheduler`).
+``exact``     a reservation of exactly L_in + xi tokens, eta = xi per request: it never outgrows
+              its reservation, and holds those blocks from admission on.
+============  =================================================================================
+
 Units: tokens. rho = c_p / c_w.
 """
 
@@ -32,16 +45,23 @@ import pandas as pd
 from kvdro.newsvendor import saa_reservation
 from kvdro.wasserstein import dro_reservation
 
-__all__ = ["DISPLAY_NAMES", "POLICIES", "RESERVATION_POLICIES", "Buffers", "policy_buffers", "request_buffers"]
+__all__ = ["ALL_POLICIES", "DISPLAY_NAMES", "ORACLE_POLICIES", "POLICIES", "RESERVATION_POLICIES", "Buffers",
+           "policy_buffers", "request_buffers"]
 
-#: Every policy name the simulator knows, in the order tables show them.
+#: The deployable policies (no knowledge of a request's output length), in the order tables show them;
+#: the sweeps iterate over these.
 POLICIES: tuple[str, ...] = ("vllm", "max", "mean", "p90", "p95", "p99", "saa", "dro", "lp1", "lp2")
-#: The policies that reserve a buffer (all but ``vllm``).
+#: The policies that reserve a buffer fitted on training data (all of :data:`POLICIES` but ``vllm``).
 RESERVATION_POLICIES: tuple[str, ...] = POLICIES[1:]
+#: The oracles, which know each request's true output length (bounds, not deployable policies).
+ORACLE_POLICIES: tuple[str, ...] = ("oracle", "exact")
+#: Every policy name the simulator accepts.
+ALL_POLICIES: tuple[str, ...] = POLICIES + ORACLE_POLICIES
 #: How tables and charts name the policies (the CLI keeps the names above). "LP+1σ"/"LP+2σ" are the
 #: paper's length-predictor baselines, not chapter 6's linear programs LP1/LP2.
 DISPLAY_NAMES: dict[str, str] = {"vllm": "vLLM", "max": "Max", "mean": "Mean", "p90": "P90", "p95": "P95", "p99": "P99",
-                                 "saa": "SAA", "dro": "DRO", "lp1": "LP+1σ", "lp2": "LP+2σ"}
+                                 "saa": "SAA", "dro": "DRO", "lp1": "LP+1σ", "lp2": "LP+2σ",
+                                 "oracle": "Oracle", "exact": "Exact"}
 
 _QUANTILES = {"p90": 0.90, "p95": 0.95, "p99": 0.99}
 
@@ -88,20 +108,22 @@ def policy_buffers(
 
     ``rho`` = c_p / c_w sets the critical fractile of ``saa`` and ``dro``; ``eps_fraction`` sets the
     Wasserstein radius of ``dro``, eps_i = eps_fraction * E[xi_i] (the paper's 0.15). Returns an
-    empty :class:`Buffers` for ``vllm`` (reactive: no reservation). See the module table.
+    empty :class:`Buffers` for ``vllm`` (reactive: no reservation) and for the oracles ``oracle``
+    and ``exact`` (they read each request's true length, not a per-class buffer: ``exact``'s
+    eta = xi is set per request by :func:`kvdro.sim.simulate`). See the module tables.
 
     Raises:
         ValueError: unknown policy, bad ``rho``/``c_w``/``eps_fraction``, or a malformed ``train``.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy: must be one of {POLICIES}, got {policy!r}")
+    if policy not in ALL_POLICIES:
+        raise ValueError(f"policy: must be one of {ALL_POLICIES}, got {policy!r}")
     for name, value in (("rho", rho), ("c_w", c_w)):
         if not (np.isfinite(value) and value > 0):
             raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
     if not (np.isfinite(eps_fraction) and eps_fraction >= 0):
         raise ValueError(f"eps_fraction: must be a non-negative finite number, got {eps_fraction!r}")
     _check_train(train)
-    if policy == "vllm":
+    if policy == "vllm" or policy in ORACLE_POLICIES:
         return Buffers()
     c_p = rho * c_w
     values, slope, mean_in, cap = {}, {}, {}, {}
