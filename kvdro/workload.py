@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import special, stats
+from scipy import special
 
 __all__ = [
     "DEFAULT_PREFIX_TOKENS",

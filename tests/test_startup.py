@@ -1,4 +1,5 @@
-"""Start-up stays light: the simulator and the math modules import CVXPY only where a model is built.
+"""Start-up stays light: the simulator and the math modules import CVXPY only where a model is built,
+and a simulation (API or CLI) imports no solver at all: neither CVXPY, HiGHS nor SciPy's statistics.
 
 Timing lives in ``python -m kvdro.bench startup`` (a ratio against ``import pandas`` in the same
 run); here only *what* is imported, in a fresh process.
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-HEAVY = ("cvxpy", "highspy", "sklearn")
+HEAVY = ("cvxpy", "highspy", "sklearn", "scipy.stats")
 
 
 def loaded_after(statement: str) -> set[str]:
@@ -36,3 +37,22 @@ def test_simulate_help_starts_without_a_solver():
              f"print('LOADED', ' '.join(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=120).stdout
     assert "--policy" in out and out.strip().splitlines()[-1] == "LOADED"
+
+
+def test_simulate_imports_no_solver(data_dir):
+    """``kvdro.sim.simulate`` on a real trace (a reservation policy fitted in sample, priced with the
+    paper's costs) leaves CVXPY, HiGHS and scipy.stats unloaded: the cost constants live in
+    kvdro.costs, not behind kvdro.joint's solvers."""
+    statement = ("import numpy as np, kvdro.sim; from kvdro.datasets import load_trace; "
+                 "tr = load_trace('azure-2023-conv').head(2000); "
+                 "[kvdro.sim.simulate(tr, policy=p, rng=np.random.default_rng(0)) for p in ('vllm', 'dro', 'p90')]")
+    assert loaded_after(statement) == set()
+
+
+def test_simulate_cli_imports_no_solver(data_dir):
+    """``python -m kvdro simulate`` on the whole conversation trace, same check."""
+    probe = ("import sys, runpy; sys.argv = ['kvdro', 'simulate', '--trace', 'azure-2023-conv', '--policy', 'dro', '--json']\n"
+             "try:\n    runpy.run_module('kvdro', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+             f"print('LOADED', ' '.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=300).stdout
+    assert '"completed"' in out and out.strip().splitlines()[-1] == "LOADED"

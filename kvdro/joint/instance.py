@@ -29,6 +29,7 @@ from functools import cached_property
 
 import numpy as np
 
+from kvdro.costs import DEFAULT_C_GPU, PAPER_COSTS
 from kvdro.hardware import BLOCK_TOKENS, LLAMA2_70B, ConfigPerformance, Model
 from kvdro.workload import RequestClass
 
@@ -40,16 +41,8 @@ __all__ = [
     "candidate_buffers",
 ]
 
-#: The paper's cost ratios with c_w = 1 (cost units per token wasted per request):
-#: c_p/c_w = 10, c_slo/c_w = 5, c_rej/c_w = 5000, kappa = 0.2 (Sec. VI).
-PAPER_COSTS = {"c_p": 10.0, "c_w": 1.0, "c_slo": 5.0, "c_rej": 5000.0, "kappa": 0.2}
-
-#: GPU cost [cost units per GPU per second] -- our choice, not the paper's. One GPU-second is priced
-#: like the waste of 100 reserved-but-unused tokens per request at one request per second
-#: (c_w = 1): an idle A100 then costs as much as serving a few requests per second wastefully, so the
-#: GPU term matters (the solver will not deploy groups it does not need) but never outweighs
-#: rejecting traffic (c_rej = 5000 per request).
-DEFAULT_C_GPU = 100.0
+# PAPER_COSTS (the paper's cost ratios, Sec. VI) and DEFAULT_C_GPU (our GPU price) live in
+# kvdro.costs, which imports no solver (the simulator prices its runs with them); re-exported here.
 
 
 def _number(value: object, name: str) -> float:
