@@ -73,7 +73,7 @@ def regime_chart(frame: pd.DataFrame, *, trace: str, marked: dict[str, tuple[str
                                          title=f"{trace} trace: regime, mean KV use, vllm preemptions")
 
 
-def agreement_scatter(frame: pd.DataFrame, *, band: float = 0.15, panel_width: int = 150, height: int = 170):
+def agreement_scatter(frame: pd.DataFrame, *, band: float = 0.15, panel_width: int = 144, height: int = 170):
     """Predicted against simulated, one panel per (``metric``, ``panel``) of ``frame``: a point per
     row (columns ``simulated``, ``predicted``, coloured by ``serving``, shaped by ``instance``), the
     diagonal and the band ``(1 +- band) x simulated`` shaded. Log axes; rows with a missing or
@@ -99,17 +99,22 @@ def agreement_scatter(frame: pd.DataFrame, *, band: float = 0.15, panel_width: i
         lo = 0.8 * min(part["simulated"].min(), part["predicted"].min())
         hi = 1.25 * max(part["simulated"].max(), part["predicted"].max())
         scale = alt.Scale(type="log", domain=[lo, hi], nice=False)
+        ticks = [m * 10.0 ** e for e in range(-4, 6) for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) > 5:  # a wide range: decades only, so the labels never overlap
+            ticks = [t for t in ticks if np.isclose(t, 10.0 ** np.round(np.log10(t)))]
+        xaxis = alt.Axis(values=ticks, format="~g", grid=False)
+        yaxis = alt.Axis(values=ticks, format="~g")
         grid = np.geomspace(lo, hi, 24)
         shade = pd.DataFrame({"x": grid, "lo": (1 - band) * grid, "hi": (1 + band) * grid})
         panels = []
         for name in dict.fromkeys(frame["panel"]):
             pts = part[part["panel"] == name]
             area = alt.Chart(shade).mark_area(opacity=0.18, color="#888888").encode(
-                x=alt.X("x:Q", scale=scale, title=f"simulated {metric}", axis=alt.Axis(labelOverlap="greedy")),
-                y=alt.Y("lo:Q", scale=scale, title=f"predicted {metric}", axis=alt.Axis(labelOverlap="greedy")), y2="hi:Q")
+                x=alt.X("x:Q", scale=scale, title=f"simulated {metric}", axis=xaxis),
+                y=alt.Y("lo:Q", scale=scale, title=f"predicted {metric}", axis=yaxis), y2="hi:Q")
             diag = alt.Chart(shade).mark_line(color="#888888", strokeWidth=1).encode(x="x:Q", y="x:Q")
             dots = alt.Chart(pts).mark_point(size=60, filled=True, opacity=0.85).encode(
-                x=alt.X("simulated:Q", scale=scale), y=alt.Y("predicted:Q", scale=scale), color=colour,
+                x=alt.X("simulated:Q", scale=scale, axis=xaxis), y=alt.Y("predicted:Q", scale=scale, axis=yaxis), color=colour,
                 shape=alt.Shape("instance:N", legend=alt.Legend(orient="bottom", title="instance")),
                 tooltip=[c for c in ("instance", "load", "serving", "realisation") if c in pts.columns]
                 + [alt.Tooltip("simulated:Q", format=".3g"), alt.Tooltip("predicted:Q", format=".3g")])
