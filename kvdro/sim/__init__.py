@@ -8,7 +8,8 @@ Public API::
 - :mod:`kvdro.sim.scheduler`        -- the vLLM v0.6 scheduling rules both engines implement, and the
                                       soft and hard readings of a reservation
 - :mod:`kvdro.sim.engine_reference` -- step-by-step engine;  :mod:`kvdro.sim.engine_fast` -- event jumping
-- :mod:`kvdro.sim.policies`         -- ``vllm`` and the reservation buffers eta_i (max ... dro, lp1/lp2)
+- :mod:`kvdro.sim.policies`         -- ``vllm``, the reservation buffers eta_i (max ... dro, lp1/lp2) and
+                                      the oracles ``oracle`` / ``exact`` (true output lengths)
 - :mod:`kvdro.sim.deployment`       -- groups z, routing pi (seeded), rejection, prefix caching delta
 - :mod:`kvdro.sim.timing`           -- step durations from :func:`kvdro.hardware.step_time`
 - :mod:`kvdro.sim.metrics`          -- metrics and realised cost;  :mod:`kvdro.sim.invariants`
@@ -27,18 +28,21 @@ from kvdro.sim.deployment import (
 )
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.metrics import COST_TERMS, METRIC_KEYS, default_costs
-from kvdro.sim.policies import POLICIES, RESERVATION_POLICIES, Buffers, policy_buffers
-from kvdro.sim.simulate import ENGINES, READINGS, SimResult, check_trace, simulate
+from kvdro.sim.policies import ALL_POLICIES, ORACLE_POLICIES, POLICIES, RESERVATION_POLICIES, Buffers, policy_buffers
+from kvdro.sim.simulate import ENGINES, READINGS, SCHEDULES, SimResult, check_trace, simulate
 
 __all__ = [
+    "ALL_POLICIES",
     "COST_TERMS",
     "ENGINES",
     "MAX_MODEL_LEN",
     "MAX_NUM_SEQS",
     "METRIC_KEYS",
+    "ORACLE_POLICIES",
     "POLICIES",
     "READINGS",
     "RESERVATION_POLICIES",
+    "SCHEDULES",
     "Buffers",
     "Deployment",
     "InvariantError",

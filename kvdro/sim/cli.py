@@ -11,6 +11,9 @@
 column). ``--scale X`` multiplies the arrival rate by X. Without ``--config`` the deployment is the
 documented default (:func:`kvdro.sim.default_deployment`: the paper's J = 8 A100s as 2 x TP4-PP1).
 ``--reservation soft|hard`` picks the reading of a reservation (:mod:`kvdro.sim.scheduler`).
+``--policy oracle|exact`` runs an oracle that knows every true output length (the look-ahead
+admission that never preempts, or a reservation of exactly L_in + xi); ``--schedule sof`` orders the
+waiting queue shortest-output-first with aging, by the true lengths (:func:`kvdro.sim.simulate`).
 Buffers of a reservation policy are fitted on the trace itself (in sample). ``--json`` prints
 exactly the metric keys (:data:`kvdro.sim.METRIC_KEYS`); ``--breakdown`` adds ``cost_breakdown``.
 A progress bar goes to stderr. Exit status 0 on success, 2 on bad input.
@@ -39,12 +42,13 @@ def seed_arg(text: str) -> int:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register the ``simulate`` subcommand on an argparse sub-parser set."""
-    from kvdro.sim.policies import POLICIES
+    from kvdro.sim.policies import ALL_POLICIES
 
     s = sub.add_parser("simulate", help="simulate a trace on vLLM-semantics engines (kvdro.sim, chapter 7)")
     s.add_argument("--trace", default=None, help="dataset name (e.g. azure-2023-conv) or path of an Azure-schema CSV "
                    "(required unless --plan; with --plan it replaces the instance's test half)")
-    s.add_argument("--policy", default=None, choices=POLICIES, help="admission policy (required unless --plan)")
+    s.add_argument("--policy", default=None, choices=ALL_POLICIES,
+                   help="admission policy (required unless --plan); oracle and exact know the true output lengths")
     s.add_argument("--plan", default=None, help="a plan document of `python -m kvdro solve --json` (kvdro.sim.plan): "
                    "simulate its deployment, routing, caching and buffers")
     s.add_argument("--rho", type=float, default=10.0, help="cost ratio c_p / c_w (default 10)")
@@ -57,6 +61,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--reservation", choices=("soft", "hard"), default="soft",
                    help="reading of a reservation: soft = admission control (default), hard = a cap (preempt at the "
                         "reservation, re-admit with a doubled buffer); ignored for vllm")
+    s.add_argument("--schedule", choices=("fcfs", "sof"), default="fcfs",
+                   help="waiting-queue order: fcfs (vLLM's, default) or sof = shortest-output-first with aging "
+                        "(0.1 s per token), by the true output lengths")
     s.add_argument("--json", action="store_true", help="print the metrics as JSON")
     s.add_argument("--breakdown", action="store_true", help="with --json, add the cost breakdown")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -111,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         settings = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         dep = default_deployment(trace, config=args.config or "TP4-PP1", groups=args.groups, **settings)
         result = simulate(trace, policy=args.policy, deployment=dep, rho=args.rho, rng=np.random.default_rng(args.seed),
-                          engine=args.engine, progress=not args.quiet, reservation=args.reservation)
+                          engine=args.engine, progress=not args.quiet, reservation=args.reservation,
+                          schedule=args.schedule)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvdro simulate: {exc}", file=sys.stderr)
         return 2
@@ -122,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     m = result.metrics
-    print(f"{args.trace}: {len(trace):,} requests, policy {args.policy} ({args.reservation}), rho {args.rho:g}, "
+    print(f"{args.trace}: {len(trace):,} requests, policy {args.policy} ({args.reservation}, {args.schedule}), rho {args.rho:g}, "
           f"{dep.describe()}, engine {args.engine}")
     print(f"  completed {m['completed']:,} (truncated {m['truncated']:,}), rejected {m['rejected']:,}, ignored {m['ignored']:,}")
     print(f"  preemptions {m['preemptions']:,}, recomputed tokens {m['recomputed_tokens']:,}")

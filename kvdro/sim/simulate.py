@@ -32,15 +32,17 @@ import pandas as pd
 from kvdro.sim.deployment import Deployment, default_deployment
 from kvdro.sim.invariants import check_accounting, check_engine
 from kvdro.sim.metrics import compute_metrics, default_costs
-from kvdro.sim.policies import POLICIES, Buffers, policy_buffers, request_buffers
+from kvdro.sim.policies import ALL_POLICIES, Buffers, policy_buffers, request_buffers
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
 from kvdro.sim.timing import MAX_HORIZON_S, PS_PER_S, StepClock
 
-__all__ = ["ENGINES", "READINGS", "SimResult", "simulate", "check_trace"]
+__all__ = ["ENGINES", "READINGS", "SCHEDULES", "SimResult", "simulate", "check_trace"]
 
 ENGINES = ("fast", "fast-python", "reference")
 #: The two readings of a reservation (:mod:`kvdro.sim.scheduler`): admission control, or a cap.
 READINGS = ("soft", "hard")
+#: The waiting queue's orders: vLLM's FCFS, or shortest-output-first with aging (``simulate``).
+SCHEDULES = ("fcfs", "sof")
 _TIDY = ("arrival_s", "input_tokens", "output_tokens", "request_class")
 
 
@@ -77,6 +79,7 @@ class SimResult:
     inputs: list = field(default_factory=list)
     reservation: str = "soft"
     safety_rules: bool = True
+    schedule: str = "fcfs"
 
 
 def _plain(value):
@@ -154,15 +157,21 @@ def simulate(
     eps_fraction: float = 0.15,
     reservation: str = "soft",
     safety_rules: bool = True,
+    schedule: str = "fcfs",
+    length_hint: np.ndarray | None = None,
+    aging_s_per_token: float = 0.1,
 ) -> SimResult:
     """Serve ``trace`` (tidy schema: arrival_s, input_tokens, output_tokens, request_class) on
     ``deployment`` (default :func:`default_deployment`: 2 x TP4-PP1) under ``policy``.
 
     Args:
-        policy: one of :data:`POLICIES`.
+        policy: one of :data:`kvdro.sim.policies.ALL_POLICIES`: :data:`POLICIES`, or an oracle
+            that knows each request's true output length xi (after the context cap): ``oracle``
+            (vLLM's admission plus a look-ahead on the known trajectories; never preempts) or
+            ``exact`` (reserve exactly L_in + xi).
         buffers: class -> eta [tokens] for a reservation policy; ``None`` -> :func:`policy_buffers`
             fitted **in sample**, on ``trace`` itself (pass buffers fitted on a training part for an
-            out-of-sample run). Ignored for ``vllm``.
+            out-of-sample run). Ignored for ``vllm``, ``oracle`` and ``exact``.
         rho: c_p / c_w (sets c_p of the cost, and the ``saa``/``dro`` buffers when fitted here).
         costs: overrides of ``c_p, c_w, c_slo, c_rej, c_gpu`` (:func:`kvdro.sim.metrics.default_costs`).
         rng: the seeded generator that draws the routing.
@@ -178,6 +187,21 @@ def simulate(
             its free-block rule before every decode. ``False`` drops both for the reservation
             policies -- the package's behaviour before issue 15, kept **only** for chapter 7's
             before/after table; ``vllm`` always keeps them.
+        schedule: the waiting queue's order inside vLLM's admission (:data:`SCHEDULES`):
+            ``"fcfs"`` (default, vLLM's) or ``"sof"``, shortest-output-first with aging: requests
+            never admitted wait in the order of the static key arrival_s + aging_s_per_token x hint
+            [s]. With the default 0.1 s/token -- the slope of the per-request deadline
+            D = 2 s + 0.1 s x xi -- "sof" is earliest-deadline-first on predicted deadlines. **No
+            starvation:** a request arriving at time t has key >= t, so once the clock passes a
+            waiting request's key, no later arrival is ordered before it; it waits at most until
+            then plus the time to serve the finitely many requests already ahead. Head-of-line
+            blocking, the token budget and the batch cap stay vLLM's (the walk follows the key
+            order and stops at the first request that does not fit); preempted requests go back to
+            the front, as with FCFS.
+        length_hint: the output lengths [tokens] "sof" orders by, aligned with the rows of
+            ``trace`` (a prediction, e.g. a class quantile of a training half); ``None`` = the true
+            lengths xi after the context cap (the oracle scheduler). Ignored for ``"fcfs"``.
+        aging_s_per_token: the key's slope [s per token], >= 0 (0 is FCFS).
 
     Raises:
         ValueError: naming the argument (or trace column and row) for bad input.
@@ -185,8 +209,12 @@ def simulate(
     start = time.perf_counter()
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng: pass a seeded numpy.random.Generator")
-    if policy not in POLICIES:
-        raise ValueError(f"policy: must be one of {POLICIES}, got {policy!r}")
+    if policy not in ALL_POLICIES:
+        raise ValueError(f"policy: must be one of {ALL_POLICIES}, got {policy!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: must be one of {SCHEDULES}, got {schedule!r}")
+    if isinstance(aging_s_per_token, bool) or not (np.isfinite(aging_s_per_token) and aging_s_per_token >= 0):
+        raise ValueError(f"aging_s_per_token: must be a finite number >= 0 [s per token], got {aging_s_per_token!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine: must be one of {ENGINES}, got {engine!r}")
     if reservation not in READINGS:
@@ -212,8 +240,11 @@ def simulate(
     cls = np.searchsorted(np.array(names), cls_raw)
     n = L.size
 
-    reserves = policy != "vllm"
-    if reserves:
+    reserves = policy not in ("vllm", "oracle")
+    if policy == "exact":
+        buf = Buffers()
+        eta = None  # the true output length after the context cap, set below
+    elif reserves:
         buf = policy_buffers(policy, trace, rho=rho, c_w=cost_params["c_w"], eps_fraction=eps_fraction) if buffers is None else buffers
         eta = request_buffers(buf, cls_raw, L)
     else:
@@ -225,6 +256,23 @@ def simulate(
     ignored = L > dep.prompt_limit
     X = np.maximum(1, np.minimum(xi, limit - L + 1))
     truncated = ~ignored & (xi > X)
+    if policy == "exact":
+        eta = X.astype(float)
+    queue_key = None
+    if schedule == "sof":
+        if length_hint is None:
+            hint = X.astype(float)
+        else:
+            hint = np.asarray(length_hint, dtype=float).ravel()
+            if hint.size != len(trace):
+                raise ValueError(f"length_hint: needs one length per trace row ({len(trace)}), got {hint.size}")
+            if not np.all(np.isfinite(hint)) or np.any(hint < 0):
+                i = int(np.flatnonzero(~np.isfinite(hint) | (hint < 0))[0])
+                raise ValueError(f"length_hint: must hold finite lengths >= 0 [tokens]; row {i} has {_plain(hint[i])!r}")
+            hint = hint[order]
+        if aging_s_per_token * float(hint.max()) > 2.0**62 / PS_PER_S:
+            raise ValueError(f"length_hint: aging_s_per_token x the largest hint exceeds {2.0**62 / PS_PER_S:.3g} s")
+        queue_key = arrival_ps + np.round(aging_s_per_token * hint * PS_PER_S).astype(np.int64)
 
     group = _route(cls, names, dep, rng)
     rejected = group < 0
@@ -247,13 +295,15 @@ def simulate(
         safe = safety_rules or not reserves
         spec = EngineSpec(
             blocks=blocks,
-            watermark_blocks=dep.watermark_blocks(cfg) if safe else 0,
+            watermark_blocks=(max(dep.watermark_blocks(cfg), 1) if policy == "oracle"  # keeps >= 1 block free
+                              else dep.watermark_blocks(cfg) if safe else 0),
             max_num_seqs=dep.max_num_seqs,
             token_budget=dep.token_budget,
             free_block_rule=safe,
             prefix_blocks=pblocks,
             hard=reserves and reservation == "hard",
             window_blocks=-(-limit // BLOCK_TOKENS),
+            lookahead=policy == "oracle",
         )
         clock = StepClock.shared(dep.model, dep.gpu, cfg)
         for e in range(cfg.pp):
@@ -266,6 +316,7 @@ def simulate(
                 reserve_blocks=reserve_blocks[idx],
                 prefix_key=key,
                 shared_blocks=np.where(key >= 0, usable[idx], 0).astype(np.int64),
+                queue_key=None if queue_key is None else queue_key[idx],
             )
             specs.append((spec, clock))
             inputs.append(inp)
@@ -376,5 +427,5 @@ def simulate(
         metrics=metrics, cost=breakdown, requests=requests, engines=pd.DataFrame(engine_rows),
         policy=policy, buffers=dict(buf), deployment=dep, engine=engine,
         specs=[s for s, _ in specs], outputs=outputs, inputs=inputs,
-        reservation=reservation, safety_rules=safety_rules,
+        reservation=reservation, safety_rules=safety_rules, schedule=schedule,
     )
