@@ -292,8 +292,10 @@ def write_calibration(path: Path | str = CALIBRATION_FILE, *, sources=tuple(SOUR
     (CSV, 6 significant digits)."""
     parts = [measure_source(s, progress=progress) for s in sources]
     frame = pd.concat([p[0] for p in parts], ignore_index=True)
-    frame.to_csv(path, index=False, float_format="%.6g")
-    pd.concat([p[1] for p in parts], ignore_index=True).to_csv(classes_path, index=False, float_format="%.6g")
+    from kvdro.cachefile import write_csv_atomic
+
+    write_csv_atomic(frame, path, float_format="%.6g")
+    write_csv_atomic(pd.concat([p[1] for p in parts], ignore_index=True), classes_path, float_format="%.6g")
     return frame
 
 

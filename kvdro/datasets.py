@@ -869,10 +869,10 @@ def sharegpt_pair_lengths(*, refresh: bool = False) -> pd.DataFrame:
     })
     meta = {"sha256": digest, "tokenizer": SHAREGPT_TOKENIZER, "rows": len(df), **counts}
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = table.with_suffix(f".{os.getpid()}.tmp")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, table)
-    meta_path.write_text(json.dumps(meta))
+    from kvdro.cachefile import write_csv_atomic, write_text_atomic
+
+    write_csv_atomic(df, table)
+    write_text_atomic(meta_path, json.dumps(meta))
     df.attrs.update(meta, file=str(path))
     return df
 

@@ -39,6 +39,7 @@ import pandas as pd
 from kvdro import ambiguity as am
 from kvdro import newsvendor as nv
 from kvdro import wasserstein as ws
+from kvdro.cachefile import write_csv_atomic
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 TRACES = ("azure-2023-conv", "azure-2023-code")
@@ -350,7 +351,7 @@ def realised(trace: str) -> pd.DataFrame:
 
 def write(df: pd.DataFrame, name: str) -> Path:
     path = DATA / f"ambiguity_{name}.csv"
-    df.to_csv(path, index=False, float_format="%.10g")
+    write_csv_atomic(df, path, float_format="%.10g")
     return path
 
 

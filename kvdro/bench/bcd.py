@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from kvdro.bench._common import quiet_fd1
+from kvdro.cachefile import write_csv_atomic
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 GOAL_S = 10.0  # BCD on the large instance
@@ -219,7 +220,7 @@ def part_core(args) -> bool:
     gap = pd.DataFrame(rows)
     for rule in ("descent", "paper"):
         gap[f"gap_{rule}"] = (gap[f"bcd_objective_{rule}"] - gap["exact_objective"]) / gap["exact_objective"]
-    gap.to_csv(DATA / "bcd_gap.csv", index=False, float_format="%.10g")
+    write_csv_atomic(gap, DATA / "bcd_gap.csv", float_format="%.10g")
 
     # the large instance: BCD (both rules) and exact, same run
     spec = ("paper", "large", 0, 0.5)
@@ -234,8 +235,8 @@ def part_core(args) -> bool:
             trace_rows.append({"instance": "large", "seed": 0, "load": 0.5, "rule": rule, "step": step,
                                "iteration": rec.iteration, "block": rec.block, "objective": rec.objective})
     large |= run_exact(spec, 600.0, 900.0)
-    pd.DataFrame([large]).to_csv(DATA / "bcd_large.csv", index=False, float_format="%.10g")
-    pd.DataFrame(trace_rows).to_csv(DATA / "bcd_trace.csv", index=False, float_format="%.10g")
+    write_csv_atomic(pd.DataFrame([large]), DATA / "bcd_large.csv", float_format="%.10g")
+    write_csv_atomic(pd.DataFrame(trace_rows), DATA / "bcd_trace.csv", float_format="%.10g")
 
     main = gap[gap["load"] == 0.5]
     print(f"BCD-DRO vs exact on {len(main)} small seeds (load 0.5) and {len(gap) - len(main)} at load 1.0")
@@ -252,34 +253,43 @@ def part_core(args) -> bool:
     return ok
 
 
-def _grid(cells, limit: float, out_name: str, desc: str, baselines: bool) -> pd.DataFrame:
-    rows = []
+def _grid(cells, limit: float, out_name: str, desc: str, baselines: bool, resume: bool = True) -> pd.DataFrame:
+    """One BCD run and one exact solve per (classes, J) cell. Finished cells are kept in
+    ``<out_name stem>.partial.csv`` beside the table and a rerun resumes from them
+    (:func:`kvdro.cachefile.run_grid`); the table itself is replaced only when the grid is complete."""
+    from kvdro.cachefile import run_grid
+
+    def compute(cell):
+        spec = ("scaled", cell["classes"], cell["J"], 0)
+        row = {"classes": cell["classes"], "J": cell["J"]} | _in_child(_bcd_child, (spec,), 1800.0, "bcd_status",
+                                                                      baselines=baselines)
+        stop_at = row.get("bcd_time_s") if baselines else None
+        row |= run_exact(spec, limit, limit + 900.0, stop_at=stop_at)
+        row["exact_limit_s"] = limit
+        return row
+
     with _progress(len(cells), desc) as bar:
-        for n, j in cells:
-            spec = ("scaled", n, j, 0)
-            row = {"classes": n, "J": j} | _in_child(_bcd_child, (spec,), 1800.0, "bcd_status", baselines=baselines)
-            stop_at = row.get("bcd_time_s") if baselines else None
-            row |= run_exact(spec, limit, limit + 900.0, stop_at=stop_at)
-            row["exact_limit_s"] = limit
-            rows.append(row)
-            pd.DataFrame(rows).to_csv(DATA / out_name, index=False, float_format="%.10g")  # partial results survive
+        def report(row, resumed):
             bar.update(1)
-            print(f"  classes {n:>3} J {j:>5}: BCD {row.get('bcd_time_s', math.nan):6.2f} s obj {row.get('bcd_objective', math.nan):.8g}"
+            print(f"  classes {row['classes']:>3} J {row['J']:>5}{' (resumed)' if resumed else ''}: "
+                  f"BCD {row.get('bcd_time_s', math.nan):6.2f} s obj {row.get('bcd_objective', math.nan):.8g}"
                   f" | exact {row.get('exact_status')} {row.get('exact_time_s', math.nan):6.1f} s "
                   f"obj {row.get('exact_objective', math.nan):.8g} gap {row.get('exact_mip_gap', math.nan):.1e} "
                   f"{row.get('exact_variables', 0):,} vars {row.get('exact_peak_rss_gb', math.nan):.2f} GB", flush=True)
-    return pd.DataFrame(rows)
+
+        return run_grid([{"classes": n, "J": j, "exact_limit_s": limit} for n, j in cells], compute, DATA / out_name,
+                        key=("classes", "J", "exact_limit_s"), resume=resume, on_row=report, float_format="%.10g")
 
 
 def part_table3(args) -> bool:
     print(f"Table III redone (exact limit {args.table3_limit:.0f} s)")
-    df = _grid(TABLE3, args.table3_limit, "bcd_table3.csv", "table III", baselines=False)
+    df = _grid(TABLE3, args.table3_limit, "bcd_table3.csv", "table III", baselines=False, resume=not args.no_resume)
     return bool((df["exact_status"] == "optimal").all())
 
 
 def part_scaling(args) -> bool:
     print(f"the crossover: every cell, exact to proven optimality (limit {args.window:.0f} s), BCD and baselines")
-    df = _grid(SCALING, args.window, "bcd_scaling.csv", "scaling", baselines=True)
+    df = _grid(SCALING, args.window, "bcd_scaling.csv", "scaling", baselines=True, resume=not args.no_resume)
     proven = df["exact_status"] == "optimal"
     within = proven & (df["exact_time_s"] <= SCALING_GOAL_S) & (df["exact_peak_rss_gb"] <= SCALING_GOAL_GB)
     gap = (df["bcd_objective"] - df["exact_objective"]) / df["exact_objective"]
@@ -307,7 +317,7 @@ def part_rolling(args) -> bool:
                              "time_s": res.time_s, "z": " ".join(map(str, res.solution.z))})
         print(f"  {method:>9}: " + ", ".join(f"{r['time_s']:.1f}s/{r['objective']:.0f}" for r in rows if r["method"] == method),
               flush=True)
-    pd.DataFrame(rows).to_csv(DATA / "bcd_rolling.csv", index=False, float_format="%.10g")
+    write_csv_atomic(pd.DataFrame(rows), DATA / "bcd_rolling.csv", float_format="%.10g")
     return True
 
 
@@ -394,9 +404,9 @@ def part_stale(args) -> bool:
         df[f"gap_{when}_one"] = df[f"{when}_paper"] / df["exact_objective"] - 1
         df[f"gap_{when}_best2"] = df[[f"{when}_paper", f"{when}_cached"]].min(axis=1) / df["exact_objective"] - 1
     df.attrs = {}
-    df.to_csv(DATA / "bcd_stale.csv", index=False, float_format="%.10g")
+    write_csv_atomic(df, DATA / "bcd_stale.csv", float_format="%.10g")
     counts = pd.DataFrame([{"block": b, "re_solves": old.calls[b], "stale": old.stale[b]} for b in old.calls])
-    counts.to_csv(DATA / "bcd_stale_counts.csv", index=False)
+    write_csv_atomic(counts, DATA / "bcd_stale_counts.csv")
     print("stale re-solves on the old path: " + ", ".join(f"{r.block} {r.stale} of {r.re_solves}" for r in counts.itertuples()))
     for when in ("before", "after"):
         print(f"  {when:>6} the fix: one start median {df[f'gap_{when}_one'].median():.3%} max {df[f'gap_{when}_one'].max():.2%}; "
@@ -416,6 +426,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stress", type=int, default=STRESS_SEEDS, help="small seeds at load 1.0 (default 10)")
     parser.add_argument("--table3-limit", type=float, default=TABLE3_LIMIT, help="exact time limit in Table III [s]")
     parser.add_argument("--window", type=float, default=SCALING_LIMIT, help="exact time limit in the scaling study [s]")
+    parser.add_argument("--no-resume", action="store_true",
+                        help="recompute every cell of table3/scaling (default: resume from <name>.partial.csv)")
     parser.add_argument("--stale-instances", type=int, default=STALE_INSTANCES, help="random instances of the stale part")
     args = parser.parse_args(argv)
     parts = list(PARTS) if "all" in args.parts else args.parts

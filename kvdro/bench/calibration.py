@@ -25,6 +25,8 @@ import argparse
 import time
 from pathlib import Path
 
+from kvdro.cachefile import write_csv_atomic
+
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
@@ -52,9 +54,9 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         with quiet_fd1():
             metrics, plans, loops = cal.agreement(progress=not args.quiet)
-        metrics.to_csv(DATA / "calibration_agreement.csv", index=False, float_format="%.6g")
-        plans.to_csv(DATA / "calibration_plans.csv", index=False, float_format="%.6g")
-        loops.to_csv(DATA / "calibration_loop.csv", index=False, float_format="%.6g")
+        write_csv_atomic(metrics, DATA / "calibration_agreement.csv", float_format="%.6g")
+        write_csv_atomic(plans, DATA / "calibration_plans.csv", float_format="%.6g")
+        write_csv_atomic(loops, DATA / "calibration_loop.csv", float_format="%.6g")
         print(f"data/calibration_agreement.csv, calibration_plans.csv, calibration_loop.csv regenerated in "
               f"{time.perf_counter() - start:.1f} s")
         with __import__("pandas").option_context("display.width", 200, "display.max_columns", 20):
@@ -62,10 +64,10 @@ def main(argv: list[str]) -> int:
     if "mix" in parts:
         start = time.perf_counter()
         mixes = cal.measure_mixes("real", bands=range(10))
-        mixes.to_csv(DATA / "calibration_mix.csv", index=False, float_format="%.6g")
+        write_csv_atomic(mixes, DATA / "calibration_mix.csv", float_format="%.6g")
         with quiet_fd1():
             groups = cal.first_plan_groups("small", 0.5)
-        groups.to_csv(DATA / "calibration_mix_plan.csv", index=False, float_format="%.6g")
+        write_csv_atomic(groups, DATA / "calibration_mix_plan.csv", float_format="%.6g")
         print(f"data/calibration_mix.csv ({len(mixes)} rows) and calibration_mix_plan.csv regenerated in "
               f"{time.perf_counter() - start:.1f} s")
     return 0

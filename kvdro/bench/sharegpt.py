@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvdro.cachefile import write_csv_atomic
+
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 OUT = DATA_DIR / "sharegpt_throughput.csv"
 #: The salvaged copy's counts (issue 21), checked by the default run.
@@ -119,8 +121,8 @@ def llama2_pair_lengths(tokenizer_js: str | os.PathLike[str] | None, *, refresh:
         if len(counts) != len(pairs):
             raise RuntimeError(f"llama-tokenizer-js returned {len(counts)} counts for {len(pairs)} pairs")
         cache.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame({"id": pairs["id"], "llama_prompt_tokens": counts[:, 0], "llama_output_tokens": counts[:, 1]}).to_csv(
-            table, index=False)
+        write_csv_atomic(pd.DataFrame({"id": pairs["id"], "llama_prompt_tokens": counts[:, 0],
+                                       "llama_output_tokens": counts[:, 1]}), table)
     llama = pd.read_csv(table, dtype={"id": str}, keep_default_na=False)
     if len(llama) != len(pairs) or not (llama["id"].to_numpy() == pairs["id"].to_numpy()).all():
         raise ValueError(f"{table}: rows do not match the ShareGPT pairs table; delete it and recount")
@@ -194,9 +196,9 @@ def write_sweeps(tokenizer_js: str | None, seeds: int, out: Path = OUT) -> list[
         for seed in range(seeds):
             print(f"  {workload}, draw {seed}", file=sys.stderr)
             frames.append(throughput_rows(workload, seed, llama))
-    pd.concat(frames, ignore_index=True).to_csv(out, index=False, float_format="%.6g")
+    write_csv_atomic(pd.concat(frames, ignore_index=True), out, float_format="%.6g")
     lengths = out.with_name("sharegpt_lengths.csv")
-    length_summary(llama).to_csv(lengths, index=False, float_format="%.6g")
+    write_csv_atomic(length_summary(llama), lengths, float_format="%.6g")
     return [out, lengths]
 
 

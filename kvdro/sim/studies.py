@@ -327,13 +327,15 @@ def write_all(data_dir: Path | None = None, *, progress: bool = True, parts=PART
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"parts: unknown {sorted(unknown)} (use {PARTS})")
+    from kvdro.cachefile import write_csv_atomic
+
     d = DATA_DIR if data_dir is None else Path(data_dir)
     conv, code = load_trace("azure-2023-conv"), load_trace("azure-2023-code")
     paths = []
 
     def write(frame: pd.DataFrame, name: str) -> None:
         p = d / name
-        frame.to_csv(p, index=False, float_format="%.6g")
+        write_csv_atomic(frame, p, float_format="%.6g")
         paths.append(p)
 
     if "referee" in parts:
