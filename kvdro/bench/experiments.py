@@ -95,9 +95,9 @@ def main(argv: list[str]) -> int:
         cpu_total += cpu
         key = name if regime is None else f"{name[:-5]}_{regime}_hard" if name.endswith("_hard") else f"{name}_{regime}"
         path = results.path(key)
-        tmp = path.with_suffix(".csv.tmp")
-        df.to_csv(tmp, index=False, float_format="%.6g")
-        tmp.replace(path)  # atomic: a killed run leaves the old file
+        from kvdro.cachefile import write_csv_atomic
+
+        write_csv_atomic(df, path, float_format="%.6g")  # atomic: a killed run leaves the old file
         print(f"{name:>10} {regime or '-':>7} {len(df):>6} {dt:>8.1f} {dt / max(len(df), 1):>7.2f} {cpu:>8.1f}  {path.name}", flush=True)
     print(f"{'all':>10} {'':>7} {'':>6} {total:>8.1f} {'':>7} {cpu_total:>8.1f}")
     print(f"CPU seconds of the cells (computed, not cached) / n_jobs = {cpu_total / max(args.n_jobs, 1):.0f} s: the wall time on "

@@ -26,11 +26,9 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def _write(frame: pd.DataFrame, name: str) -> Path:
-    path = DATA / name
-    tmp = path.with_suffix(".csv.tmp")
-    frame.to_csv(tmp, index=False, float_format="%.6g")
-    tmp.replace(path)  # atomic: a killed run leaves the old file
-    return path
+    from kvdro.cachefile import write_csv_atomic
+
+    return write_csv_atomic(frame, DATA / name, float_format="%.6g")  # atomic: a killed run leaves the old file
 
 
 def per_workload(frame: pd.DataFrame) -> pd.DataFrame:
