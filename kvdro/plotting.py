@@ -148,3 +148,49 @@ def enable() -> None:
     alt.data_transformers.disable_max_rows()
 
 
+
+
+#: The policies of the headroom map whose goodput gain over vLLM :func:`headroom_chart` shows.
+HEADROOM_ARMS = ("oracle", "exact", "best", "dro")
+
+
+def headroom_chart(frame, *, arms: tuple[str, ...] = HEADROOM_ARMS, threshold: float = 0.05):
+    """The headroom map (``data/headroom.csv``, :mod:`kvdro.experiments.headroom`): one row per
+    (workload, deployment), one column per load; each cell coloured by the largest goodput gain over
+    vLLM of the policies ``arms`` (``{arm}_goodput_gain``: the oracle, exact pre-allocation, the best
+    soft reservation, DRO) and labelled with it in %; cells whose queue grows (``stable`` False)
+    are faded. The colour bins put ``threshold`` (5 %) on a boundary."""
+    import numpy as np
+    import pandas as pd
+
+    need = {"workload", "deployment", "load", "stable", *(f"{a}_goodput_gain" for a in arms)}
+    missing = need - set(frame.columns)
+    if missing:
+        raise ValueError(f"frame: missing columns {sorted(missing)}")
+    f = pd.DataFrame(frame).copy()
+    gains = f[[f"{a}_goodput_gain" for a in arms]]
+    f["best gain"] = gains.max(axis=1)
+    f["by"] = gains.idxmax(axis=1).str.replace("_goodput_gain", "", regex=False)
+    f["label"] = (100 * f["best gain"]).round().astype(int).map(lambda v: f"{v:+d}")
+    f["queue"] = f["stable"].map({True: "stable", False: "growing"})
+    short = f["deployment"].str.replace("-PP1", "", regex=False).str.replace(" x ", "×", regex=False).str.replace(" + ", "+", regex=False)
+    f["row"] = f["workload"].str.replace("conversation", "conv.", regex=False) + " · " + short
+    f["load "] = f["load"].map(lambda v: f"{v:g}")
+    labels = [f"< {0.01:.0%}", f"{0.01:.0%} to {threshold:.0%}", f"{threshold:.0%} to {0.20:.0%}", f"≥ {0.20:.0%}"]
+    f["gain bin"] = pd.cut(f["best gain"], [-np.inf, 0.01, threshold, 0.20, np.inf], right=False, labels=labels).astype(str)
+    rows = list(dict.fromkeys(f["row"]))
+    order = list(dict.fromkeys(f.sort_values("load")["load "]))
+    colours = ["#f2f2f2", "#c6dbef", "#fdae6b", "#d94801"]
+    base = alt.Chart(f).encode(
+        x=alt.X("load :O", sort=order, title="load (x the workload's rate)", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=200)))
+    cells = base.mark_rect(stroke="white").encode(
+        color=alt.Color("gain bin:N", title="largest gain", scale=alt.Scale(domain=labels, range=colours),
+                        legend=alt.Legend(orient="bottom", columns=4)),
+        opacity=alt.Opacity("queue:N", scale=alt.Scale(domain=["stable", "growing"], range=[1.0, 0.35]),
+                            legend=alt.Legend(orient="bottom", title="queue")),
+        tooltip=["workload", "deployment", "load", "queue", alt.Tooltip("best gain:Q", format="+.1%"), "by",
+                 *[alt.Tooltip(f"{a}_goodput_gain:Q", format="+.1%", title=a) for a in arms]])
+    text = base.mark_text(fontSize=10).encode(text="label:N")
+    return alt.layer(cells, text).properties(width=WIDTH, height=20 * len(rows),
+                                             title="Largest goodput gain over vLLM (%); faded: the queue grows")
