@@ -16,8 +16,8 @@ open a hidden output or a solution, so it must fit too):
 
 * at a laptop window (1280 px) no display equation and no chart reaches outside the article's text
   column (a cut-off equation or a chart whose legend hides behind a scrollbar fails), and no table,
-  printed output line or output image is wider than the column (no sideways scrolling to read a
-  result);
+  printed output line or output image is wider than the column, nor does a table's box (or the
+  scroll container around it) scroll sideways (no sideways scrolling to read a result);
 * no table cell and no printed output shows NaN (write "–", or leave a missing value out);
 * at a phone width (400 px) nothing inside the article is clipped (an element that hides overflow
   while its content is wider, or content sticking out of the screen with no scroll container to
@@ -268,7 +268,13 @@ MEASURE_JS = r"""
       t.parentElement.appendChild(copy);
       const natural = copy.getBoundingClientRect().width;
       copy.remove();
-      out.tables.push(Object.assign({id: labelTable(t, n), natural: natural}, rect(t)));
+      // a table whose own box (or the scroll container wrapped around it) scrolls sideways
+      let scroll = t.scrollWidth - t.clientWidth;
+      for (let p = t.parentElement; p && p !== art; p = p.parentElement) {
+        const o = getComputedStyle(p).overflowX;
+        if (o === "auto" || o === "scroll") { scroll = Math.max(scroll, p.scrollWidth - p.clientWidth); break; }
+      }
+      out.tables.push(Object.assign({id: labelTable(t, n), natural: natural, scroll: Math.max(0, scroll)}, rect(t)));
     });
     art.querySelectorAll("div.cell_output pre, div.output pre").forEach(function (pre) {
       const r = pre.getBoundingClientRect();
@@ -376,6 +382,8 @@ def wide_content(layout: dict, tolerance: float = 1.0) -> list[str]:
     for t in layout["tables"]:
         if _outside(t, col) > tolerance:
             bad.append(f"{t['id']}: {_outside(t, col):.0f} px wider than the column ({t['width']:.0f} px in {width:.0f} px)")
+        elif t.get("scroll", 0) > tolerance:
+            bad.append(f"{t['id']}: its box scrolls sideways by {t['scroll']:.0f} px (content wider than the column)")
     for o in layout["outputs"]:
         over = max(o["scroll"], _outside(o, col))
         if over > tolerance:
@@ -470,6 +478,8 @@ WIDE_TABLE = ('<table id="kvdro-wide-table"><thead><tr>' + "".join(f"<th>column{
               + "</tr></thead><tbody><tr>" + "".join(f"<td>{i * 1000.5}</td>" for i in range(40)) + "</tr></tbody></table>")
 WIDE_OUTPUT = ('<div class="cell_output docutils container"><div class="output stream highlight-myst-ansi notranslate">'
                '<div class="highlight"><pre><span></span>kvdro-wide-output ' + "x" * 300 + "</pre></div></div></div>")
+BOXED_TABLE = ('<div style="overflow-x:auto"><table id="kvdro-boxed-table" style="width:100%;table-layout:fixed"><thead><tr>'
+               "<th>boxcol0</th><th>boxcol1</th></tr></thead><tbody><tr><td>" + "w" * 400 + "</td><td>x</td></tr></tbody></table></div>")
 SLIVER_TABLE = ('<div style="width:60px"><table id="kvdro-sliver"><tr><td>kvdro-sliver: a long sentence in a table squeezed into a narrow box</td>'
                 "<td>another cell that needs room to be read</td></tr></table></div>")
 
@@ -492,6 +502,13 @@ def test_layout_measurement_catches_a_wide_table_and_a_long_printed_line(pages):
     found = wide_content(measured_layout(page, LAPTOP_PX, inject=WIDE_TABLE + WIDE_OUTPUT))
     assert any("column0 | column1" in f and "px wider than the column" in f for f in found), found
     assert any("kvdro-wide-output" in f and "printed line" in f for f in found), found
+
+
+def test_layout_measurement_catches_a_table_that_scrolls_in_its_box(pages):
+    """A table that fits the column but whose content scrolls sideways inside its box is reported."""
+    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
+    found = wide_content(measured_layout(page, LAPTOP_PX, inject=BOXED_TABLE))
+    assert any("boxcol0 | boxcol1" in f and "scrolls sideways" in f for f in found), found
 
 
 def test_phone_measurement_catches_a_fixed_width_chart_and_a_sliver_table(pages):
