@@ -32,7 +32,7 @@ install: $(STAMP)
 
 # The course kit (chapter 10): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
 # autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
-ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py $(shell find kvdro -name '*.py')
+ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py book/assignments/kit_guard.py $(shell find kvdro -name '*.py')
 _build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
 	$(BIN)/python book/assignments/build.py --out _build/assignments
 
@@ -45,19 +45,23 @@ book: $(STAMP) _build/assignments/index.json
 	$(BIN)/python book/assignments/publish.py --html _build/html --kit _build/assignments
 	@du -sh _build/html
 
-# For students: the same book with every exercise solution removed (sphinx-exercise's hide_solutions),
+# For students: the same book with every exercise solution removed (sphinx-exercise's hide_solutions;
+# no _sources or download button; notebooks/ without solutions, Colab on gh-pages-student; the kvdro wheel),
 # sharing the execution cache of `make book`. `make book` keeps the solutions.
 STUDENT_CONFIG := _build/student/_config.yml
 book-student: $(STAMP) _build/assignments/index.json
 	mkdir -p _build/student
 	$(BIN)/python -c "import os, yaml; c = yaml.safe_load(open('_config.yml')); sx = c.setdefault('sphinx', {}); \
-	  sx.setdefault('config', {})['hide_solutions'] = True; \
+	  sx.setdefault('config', {})['hide_solutions'] = True; sx['config']['html_copy_source'] = False; \
+	  c.setdefault('html', {})['use_download_button'] = False; \
+	  c.setdefault('launch_buttons', {})['notebooks_branch'] = 'gh-pages-student'; \
 	  sx['local_extensions'] = {k: os.path.abspath(v) for k, v in sx.get('local_extensions', {}).items()}; \
 	  c['execute']['cache'] = os.path.abspath('_build/.jupyter_cache'); \
 	  yaml.safe_dump(c, open('$(STUDENT_CONFIG)', 'w'), sort_keys=False)"
 	$(BIN)/jupyter-book build -n -W --keep-going --config $(STUDENT_CONFIG) --path-output _build/student .
 	mv _build/student/_build/html _build/student/html.new && rm -rf _build/student/html _build/student/_build && mv _build/student/html.new _build/student/html
-	$(BIN)/python book/assignments/publish.py --html _build/student/html --kit _build/assignments
+	$(BIN)/python book/assignments/publish.py --student --config $(STUDENT_CONFIG) --html _build/student/html --kit _build/assignments
+	! grep -rl '{solution}\|solution-start' _build/student/
 	@du -sh _build/student/html
 
 # The whole book as one PDF: every page of the built book (make book) printed by headless Chromium with

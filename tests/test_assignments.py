@@ -27,6 +27,8 @@ build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
 
 ASSIGNMENTS = sorted(build.masters())
+# the graders' helper (book/assignments/kit_guard.py) that the hidden tests import, as in the autograder zip
+sys.path.insert(0, str(ROOT / "book" / "assignments"))
 
 
 # ----------------------------------------------------------------------------------------- fixtures
@@ -135,21 +137,34 @@ def test_written_questions_have_a_rubric_and_pdfs(kit, name):
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_first_code_cell_installs_kvdro_only_where_missing(kit, name):
+def test_first_code_cell_installs_kvdro_only_where_missing(kit, name, tmp_path, monkeypatch):
     """Colab: the first code cell of the master and of the student notebook (before otter's ``import otter``)
-    clones this repository (the URL of _config.yml) and installs it with otter-grader, guarded by
-    ``find_spec("kvdro") is None`` so that it does nothing in a clone, in CI or in the autograder."""
+    installs the kvdro wheel that the student edition publishes (the package alone: no master, no kit build
+    on the student's machine) with otter-grader, and writes the assignment's public tests, which the build
+    puts into the cell; guarded by ``find_spec("kvdro") is None`` so that it does nothing in a clone, in CI
+    or in the autograder (D7)."""
     import yaml
 
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     first = next(c for c in jupytext.read(build.masters()[name]).cells if c.cell_type == "code").source
     student = json.loads((kit / name / "student" / f"{name}.ipynb").read_text())
-    assert "".join(student["cells"][0]["source"]) == first, "the student notebook must start with the install cell"
-    assert 'if importlib.util.find_spec("kvdro") is None:' in first and f'"{url}"' in first, first
+    cell = "".join(student["cells"][0]["source"])
+    assert 'if importlib.util.find_spec("kvdro") is None:' in first and build.PUBLIC_TESTS_LINE in first, first
+    assert f'"{build.wheel_url(url)}"' in first and "git clone" not in first and "build.py" not in first, first
+    assert "Restart session" in first, "the cell says when Colab needs a restart"
     assert "otter-grader==7.0.0" in first and "otter-grader==7.0.0" in (ROOT / "pyproject.toml").read_text()
+    assert cell.startswith(first.split(build.PUBLIC_TESTS_LINE)[0]), "the student notebook must start with the install cell"
+    monkeypatch.chdir(tmp_path)  # the cell writes ./tests
     env: dict = {}
-    exec(compile(first, "<install cell>", "exec"), env)  # kvdro is installed here: nothing may run
-    assert "repo" not in env, "the install cell ran although kvdro is installed"
+    exec(compile(cell.replace('if importlib.util.find_spec("kvdro") is None:', "if True:")
+                 .replace("subprocess.run(", "(lambda *a, **k: None)("), "<install cell>", "exec"), env)
+    public = student["metadata"]["otter"]["tests"]
+    assert env["PUBLIC_TESTS"] == public and public, "the cell carries exactly the public tests"
+    assert all("hidden=True" not in source for source in env["PUBLIC_TESTS"].values())
+    assert sorted(p.name for p in (tmp_path / "tests").iterdir()) == sorted(f"{q}.py" for q in public)
+    env = {}
+    exec(compile(cell, "<install cell>", "exec"), env)  # kvdro is installed here: nothing may run
+    assert "WHEEL" not in env, "the install cell ran although kvdro is installed"
 
 
 # ----------------------------------------------------------------------------------------- grading
@@ -244,156 +259,313 @@ def test_student_notebook_leaks_no_solution(kit, name):
         assert fn not in text, f"{name}: hidden test {fn} named in the student notebook"
 
 
-# ----------------------------------------------------------------------------------------- helpful messages
-#: (assignment, question, a plausible wrong answer, words the failure message must contain, the score the
-#: answer gets on that question, whether a PUBLIC test (the one a student sees) must say it). Each answer is
-#: run against the question's public and hidden tests in the master's environment, as otter does.
-WRONG_ANSWERS = [
-    ("a1_newsvendor", "q1", """
+# ----------------------------------------------------------------------------------------- grading table
+#: (assignment, question, submission, its code, the score it must get on that question, words the failure
+#: messages must contain (None: it must pass), whether a PUBLIC test (the one a student sees) must say them).
+#: Each submission is run against the question's public and hidden tests in the master's environment with
+#: the code executed on top (notebook functions see the redefined names, as in a real notebook), as otter
+#: does. D1-D7 are the defects of issue 28; every one of them has its case here.
+GRADING_TABLE = [
+    ("a1_newsvendor", "q1", "slope with -c_w", """
 def cost_slope(samples, eta, c_p, c_w):
     return (c_p + c_w) * np.mean(np.asarray(samples) <= eta) - c_w
-""", "slope starts at -c_p", 0.0, False),
-    ("a1_newsvendor", "q2", """
+""", 0.0, "slope starts at -c_p", False),
+    ("a1_newsvendor", "q2", "c_w / (c_p + c_w)", """
 def critical_fractile(c_p, c_w):
     return c_w / (c_p + c_w)
-""", "1 - q*: the roles of c_p and c_w are swapped", 0.0, True),
-    ("a1_newsvendor", "q3", """
+""", 0.0, "1 - q*: the roles of c_p and c_w are swapped", True),
+    ("a1_newsvendor", "q2", "D1: calls kvdro.newsvendor", """
+from kvdro import newsvendor as _nv
+def critical_fractile(c_p, c_w):
+    return _nv.critical_fractile(c_p / c_w)
+""", 0.0, "critical_fractile", False),
+    ("a1_newsvendor", "q2", "D6: tuned to the public inputs", """
+def critical_fractile(c_p, c_w):
+    return {(1.0, 1.0): 0.5, (3.0, 1.0): 0.75}.get((c_p, c_w), 0.5)
+""", 0.0, "expected", False),
+    ("a1_newsvendor", "q2", "correct, written from scratch", """
+def critical_fractile(c_p, c_w):
+    rho = c_p / c_w
+    return rho / (rho + 1.0)
+""", 2.0, None, False),
+    ("a1_newsvendor", "q3", "quantile at 1 - q*", """
 def saa_buffer(samples, c_p, c_w):
     return float(np.quantile(samples, c_w / (c_p + c_w), method="inverted_cdf"))
-""", "quantile at 1 - q*", 0.0, True),
-    ("a1_newsvendor", "q3", """
+""", 0.0, "quantile at 1 - q*", True),
+    ("a1_newsvendor", "q3", "interpolated quantile", """
 def saa_buffer(samples, c_p, c_w):
     return float(np.quantile(samples, c_p / (c_p + c_w)))
-""", "LOWER empirical quantile", 0.0, True),
-    ("a1_newsvendor", "q4", """
+""", 0.0, "LOWER empirical quantile", True),
+    ("a1_newsvendor", "q3", "D1: returns kvdro's saa_reservation", """
+from kvdro.newsvendor import saa_reservation
+def saa_buffer(samples, c_p, c_w):
+    return saa_reservation(samples, c_p, c_w)
+""", 0.0, "kvdro.newsvendor.saa_reservation", False),
+    ("a1_newsvendor", "q3", "D1: reaches kvdro through importlib", """
+import importlib
+def saa_buffer(samples, c_p, c_w):
+    module = importlib.import_module("kvdro." + "news" + "vendor")
+    return getattr(module, "saa_" + "reservation")(samples, c_p, c_w)
+""", 0.0, "called kvdro.newsvendor.saa_reservation", False),
+    ("a1_newsvendor", "q3", "correct, np.quantile inverted_cdf", """
+def saa_buffer(samples, c_p, c_w):
+    return float(np.quantile(np.asarray(samples, dtype=float), c_p / (c_p + c_w), method="inverted_cdf"))
+""", 2.0, None, False),
+    ("a1_newsvendor", "q4", "epigraph with c_p and c_w swapped", """
 def saa_lp(samples, c_p, c_w):
     xi = np.asarray(samples, dtype=float)
     eta, theta = cp.Variable(), cp.Variable(xi.size)
     cons = [theta >= c_w * (xi - eta), theta >= c_p * (eta - xi)]
     return cp.Problem(cp.Minimize(cp.sum(theta) / xi.size), cons), eta
-""", "1 - q* quantile", 0.0, True),
-    # gaming: the reference package's number wrapped in a problem, no dual written
-    ("a2_wasserstein", "q1", """
+""", 0.0, "1 - q* quantile", True),
+    ("a1_newsvendor", "q5", "D2: the buffer table typed in", """
+def trace_buffers(samples, rhos):
+    table = {2.0: 357.0, 10.0: 427.0, 100.0: 602.0}
+    return dict(table), dict(table)
+""", 0.0, "one entry per rho", False),
+    ("a2_wasserstein", "q1", "gaming: kvdro's number wrapped in a problem", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     return cp.Problem(cp.Minimize(wasserstein.worst_case_cost(samples, eta, c_p, c_w, eps, L_max)))
-""", "is not a dual", 0.0, True),
-    # gaming: the reference package's own dual problem (it merges equal samples)
-    ("a2_wasserstein", "q1", """
+""", 0.0, "is not a dual", True),
+    ("a2_wasserstein", "q1", "gaming: kvdro's own dual problem", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     return wasserstein.dual_problem(samples, eta, c_p, c_w, eps, L_max).problem
-""", "one entry per sample", 0.0, True),
-    ("a2_wasserstein", "q1", """
+""", 0.0, "one entry per sample", True),
+    ("a2_wasserstein", "q1", "gamma sign flipped", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     xi = np.asarray(samples, dtype=float)
     gamma, theta = cp.Variable(nonneg=True, name="gamma"), cp.Variable(xi.size, nonneg=True, name="theta")
     cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi),
             theta >= c_p * (L_max - eta) + gamma * (L_max - xi), theta >= c_w * eta + gamma * xi]
     return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
-""", "SIGN of the gamma", 0.0, True),
-    ("a2_wasserstein", "q1", """
+""", 0.0, "SIGN of the gamma", True),
+    ("a2_wasserstein", "q1", "(8e), (8f) missing", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     xi = np.asarray(samples, dtype=float)
     gamma, theta = cp.Variable(nonneg=True, name="gamma"), cp.Variable(xi.size, nonneg=True, name="theta")
     cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi)]
     return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
-""", "violate (8e), (8f)", 0.0, True),
-    # upstream failure: the dual was never solved, so its value is None (was "ufunc 'isfinite' not supported")
-    ("a2_wasserstein", "q3", """
-wc_dual = dual_lp(xi_small, eta_saa, C_P, C_W, eps_paper, L_MAX).value
-""", "wc_dual is None", 0.0, True),
-    ("a2_wasserstein", "q4", """
+""", 0.0, "violate (8e), (8f)", True),
+    ("a2_wasserstein", "q3", "problems never solved (value None)", """
+def duality_check(samples, c_p, c_w, L_max):
+    eta = newsvendor.saa_reservation(samples, c_p, c_w)
+    eps = 0.15 * float(np.mean(samples))
+    return dual_lp(samples, eta, c_p, c_w, eps, L_max).value, primal_lp(samples, eta, c_p, c_w, eps, L_max).value
+wc_dual, wc_primal = duality_check(xi_small, C_P, C_W, L_MAX)
+""", 0.0, "wc_dual is None", True),
+    ("a2_wasserstein", "q3", "D2: wc_dual/wc_primal pasted", """
+_pasted = (wc_dual, wc_primal)
+def duality_check(samples, c_p, c_w, L_max):
+    return _pasted
+""", 0.0, "150-sample subsample", False),
+    ("a2_wasserstein", "q3", "D3: wrong q1 dual, q3 itself right", """
+def dual_lp(samples, eta, c_p, c_w, eps, L_max):
+    xi = np.asarray(samples, dtype=float)
+    gamma, theta = cp.Variable(nonneg=True, name="gamma"), cp.Variable(xi.size, nonneg=True, name="theta")
+    cons = [theta >= c_p * (xi - eta), theta >= c_w * (eta - xi)]
+    return cp.Problem(cp.Minimize(gamma * eps + cp.sum(theta) / xi.size), cons)
+""", 2.0, None, False),
+    ("a2_wasserstein", "q4", "the paper's radius, not the threshold", """
 def threshold_radius(samples, c_p, c_w, L_max, tol=1e-3):
-    return 0.15 * float(np.mean(samples))  # the paper's radius, not the threshold
-""", "not by a formula for the radius", 0.0, True),
-    ("a3_joint_milp", "q1", """
+    return 0.15 * float(np.mean(samples))
+""", 0.0, "not by a formula for the radius", True),
+    ("a2_wasserstein", "q4", "D1: returns saa_threshold_radius", """
+def threshold_radius(samples, c_p, c_w, L_max, tol=1e-3):
+    return wasserstein.saa_threshold_radius(samples, c_p, c_w, L_max)
+""", 0.0, "saa_threshold_radius", False),
+    ("a2_wasserstein", "q4", "correct, bisection on a boolean", """
+def threshold_radius(samples, c_p, c_w, L_max, tol=1e-3):
+    saa = newsvendor.saa_reservation(samples, c_p, c_w)
+    robust = lambda e: wasserstein.dro_reservation(samples, c_p, c_w, e, L_max) == saa
+    lo, hi = 0.0, float(L_max)
+    while hi - lo > tol:
+        lo, hi = ((lo + hi) / 2, hi) if robust((lo + hi) / 2) else (lo, (lo + hi) / 2)
+    return (lo + hi) / 2
+""", 3.0, None, False),
+    ("a3_joint_milp", "q1", "(1 + kappa) missing", """
 def memory_and_reservation_cost(d, v):
     I, K = len(d["lam"]), len(d["M"])
     memory = [sum(d["lam"][i] * d["H"][i, k] * (d["L_in"][i] + d["eta"][i]) @ v["w"][i][k] for i in range(I))
               <= d["M"][k] * v["z"][k] for k in range(K)]
     cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
     return memory, cost
-""", "factor 1 + kappa", 1.0, False),
-    ("a3_joint_milp", "q1", """
+""", 0.0, "factor 1 + kappa", False),
+    ("a3_joint_milp", "q1", "work T instead of residence H", """
 def memory_and_reservation_cost(d, v):
     I, K = len(d["lam"]), len(d["M"])
     memory = [sum((1 + d["kappa"]) * d["lam"][i] * d["T"][i, k] * (d["L_in"][i] + d["eta"][i]) @ v["w"][i][k]
                   for i in range(I)) <= d["M"][k] * v["z"][k] for k in range(K)]
     cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
     return memory, cost
-""", "residence time H", 1.0, False),
-    ("a3_joint_milp", "q2", """
+""", 0.0, "residence time H", False),
+    ("a3_joint_milp", "q1", "D3: L_in forgotten in (6e)", A3_NO_LIN := """
+def memory_and_reservation_cost(d, v):
+    I, K = len(d["lam"]), len(d["M"])
+    memory = [sum((1 + d["kappa"]) * d["lam"][i] * d["H"][i, k] * d["eta"][i] @ v["w"][i][k]
+                  for i in range(I)) <= d["M"][k] * v["z"][k] for k in range(K)]
+    cost = sum(d["lam"][i] * d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
+    return memory, cost
+""", 0.0, "(1 + kappa) sum_i lambda_i H_ik pi_ik (L_in + eta)", False),
+    ("a3_joint_milp", "q2", "w >= pi + x - 1 missing", """
 def mccormick_links(d, v):
     return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
             for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] <= v["pi"][i, k])]
-""", "w >= pi + x - 1 is missing", 0.0, True),
-    # was 11/11: the old tests checked only points with x = 1
-    ("a3_joint_milp", "q2", """
+""", 0.0, "w >= pi + x - 1 is missing", True),
+    ("a3_joint_milp", "q2", "w <= x missing", """
 def mccormick_links(d, v):
     return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
             for c in (v["w"][i][k] <= v["pi"][i, k], v["w"][i][k] >= v["pi"][i, k] + v["x"][i] - 1)]
-""", "w <= x is missing", 0.0, True),
-    ("a3_joint_milp", "q2", """
+""", 0.0, "w <= x is missing", True),
+    ("a3_joint_milp", "q2", "w <= pi missing", """
 def mccormick_links(d, v):
     return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
             for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] >= v["pi"][i, k] + v["x"][i] - 1)]
-""", "w <= pi is missing", 0.0, True),
-    ("a3_joint_milp", "q3", """
+""", 0.0, "w <= pi is missing", True),
+    ("a3_joint_milp", "q2", "D3: wrong q1 (lambda missing), q2 itself right", A3_NO_LAMBDA := """
+def memory_and_reservation_cost(d, v):
+    I, K = len(d["lam"]), len(d["M"])
+    memory = [sum((1 + d["kappa"]) * d["H"][i, k] * (d["L_in"][i] + d["eta"][i]) @ v["w"][i][k]
+                  for i in range(I)) <= d["M"][k] * v["z"][k] for k in range(K)]
+    cost = sum(d["R"][i] @ v["w"][i][k] for i in range(I) for k in range(K))
+    return memory, cost
+""", 3.0, None, False),
+    ("a3_joint_milp", "q3", "sum_c w = pi missing", """
 def disaggregated_links(d, v):
     return [c for i in range(len(d["lam"])) for k in range(len(d["M"]))
             for c in (v["w"][i][k] <= v["x"][i], v["w"][i][k] <= v["pi"][i, k])]
-""", "sum_c w_ikc = pi", 0.0, True),
-    ("a3_joint_milp", "q3", """
+""", 0.0, "sum_c w_ikc = pi", True),
+    ("a3_joint_milp", "q3", "w <= x missing", """
 def disaggregated_links(d, v):
     return [cp.sum(v["w"][i][k]) == v["pi"][i, k] for i in range(len(d["lam"])) for k in range(len(d["M"]))]
-""", "w <= x is missing", 0.0, True),
-    # upstream failure: the q4 cell stopped in its first solve (was "KeyError: 'mccormick'")
-    ("a3_joint_milp", "q4", """
+""", 0.0, "w <= x is missing", True),
+    ("a3_joint_milp", "q3", "D3: wrong q1 (lambda missing), q3 itself right", A3_NO_LAMBDA, 3.0, None, False),
+    ("a3_joint_milp", "q4", "the q4 cell stopped (no results)", """
+def root_gaps(d, formulations):
+    return {}
 results = {}
-""", "results has no entry 'mccormick'", 0.0, True),
-    ("a4_policy", "q1", """
+""", 0.0, "results has no entry 'mccormick'", True),
+    ("a3_joint_milp", "q4", "D2: a classmate's results pasted, on a wrong q1", """
+_pasted = {form: dict(r) for form, r in results.items()}
+""" + A3_NO_LIN + """
+def root_gaps(d, formulations):
+    return _pasted
+""", 0.0, "kvdro's exact solver", False),
+    ("a3_joint_milp", "q4", "D1: the MILP optimum from kvdro's solve_milp", """
+def root_gaps(d, formulations):
+    out = {}
+    for form, links in formulations.items():
+        lp, _ = solve(build(d, links, relax=True))
+        milp = solve_milp(instance).objective
+        out[form] = {"milp": milp, "nodes": 0, "lp": lp, "gap": (milp - lp) / milp}
+    return out
+""", 0.0, "solve_milp", False),
+    ("a3_joint_milp", "q4", "D3: wrong q1 (L_in forgotten), q4 itself right", A3_NO_LIN, 2.0, None, False),
+    ("a4_policy", "q1", "split not by arrival time", """
 def holdout(trace, n_test):
     mid = len(trace) // 2
     test = trace.iloc[mid:mid + n_test]
     return trace.iloc[:mid], test.assign(arrival_s=test["arrival_s"] - test["arrival_s"].min())
-""", "BY ARRIVAL TIME", 1.0, False),
-    ("a4_policy", "q2", """
+""", 0.0, "BY ARRIVAL TIME", False),
+    ("a4_policy", "q2", "buffers shrink as rho grows", """
 def my_buffers(train, rho):
     return {str(c): float(np.quantile(p["output_tokens"], 1 / (rho + 1), method="inverted_cdf"))
             for c, p in train.groupby("request_class")}
-""", "never make the policy reserve less", 1.0, False),
-    ("a4_policy", "q3", """
+""", 0.0, "never make the policy reserve less", False),
+    ("a4_policy", "q2", "D4: no design (all-zero buffers)", """
+def my_buffers(train, rho):
+    return {str(c): 0.0 for c in sorted(train["request_class"].astype(str).unique())}
+""", 1.5, "all-zero or constant buffers", False),
+    ("a4_policy", "q2", "D4: constant buffers, ignore the data", """
+def my_buffers(train, rho):
+    return {str(c): 0.0 if rho < 10 else 1.0 for c in sorted(train["request_class"].astype(str).unique())}
+""", 1.5, "must depend on the data", False),
+    ("a4_policy", "q2", "correct: the plain SAA buffer per class", """
+def my_buffers(train, rho):
+    q = rho / (rho + 1.0)
+    return {str(c): float(np.quantile(p["output_tokens"], q, method="inverted_cdf"))
+            for c, p in train.groupby("request_class")}
+""", 3.0, None, False),
+    ("a4_policy", "q3", "one generator shared by every policy", """
 def evaluate(test, policies, *, rho, seed, deployment):
-    rng = np.random.default_rng(seed)  # one generator shared by every policy
+    rng = np.random.default_rng(seed)
     rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
                             rho=rho, rng=rng).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "own np.random.default_rng(seed)", 1.0, False),
-    ("a4_policy", "q3", """
+""", 0.0, "own np.random.default_rng(seed)", False),
+    ("a4_policy", "q3", "buffers refitted on the test trace", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rows = {label: simulate(test, policy="vllm" if b is None else "dro", buffers=None, deployment=deployment,
                             rho=rho, rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "refits the buffers on the TEST trace", 1.0, False),
-    ("a4_policy", "q3", """
+""", 0.0, "refits the buffers on the TEST trace", False),
+    ("a4_policy", "q3", "rho not passed on", """
 def evaluate(test, policies, *, rho, seed, deployment):
     rows = {label: simulate(test, policy="vllm" if b is None else "saa", buffers=b, deployment=deployment,
                             rng=np.random.default_rng(seed)).metrics for label, b in policies.items()}
     return pd.DataFrame.from_dict(rows, orient="index")[list(METRIC_KEYS)]
-""", "pass rho to simulate", 1.0, False),
+""", 0.0, "pass rho to simulate", False),
+]
+GRADING_TABLE += [
+    ("a5_answer", "q1", "work without the - 1", """
+def recompute_share(result):
+    req = result.requests[result.requests["outcome"].isin(["completed", "truncated"])]
+    return result.metrics["recomputed_tokens"] / float((req["input_tokens"] + req["generated_tokens"]).sum())
+""", 0.0, "L_in + g - 1", False),
+    ("a5_answer", "q1", "D1: kvdro's run_stats", """
+from kvdro.experiments.headroom import run_stats
+def recompute_share(result):
+    stats = run_stats(result)
+    return stats["recomputed"] / stats["work_tokens"]
+""", 0.0, "run_stats", False),
+    ("a5_answer", "q1", "D2: the slice's share typed in", """
+_typed = recompute_share(vllm_run)
+def recompute_share(result):
+    return _typed
+""", 0.0, "recompute share", False),
+    ("a5_answer", "q2", "one generator shared by every run", """
+def compare(trace, policies, *, deployment, seed, rho):
+    rng, rows = np.random.default_rng(seed), {}
+    for label, spec in policies.items():
+        name, buffers = (spec, None) if isinstance(spec, str) else ("saa", spec)
+        run = simulate(trace, policy=name, buffers=buffers, deployment=deployment, rho=rho, rng=rng)
+        rows[label] = {"goodput_rps": run.metrics["goodput_rps"], "preemptions": run.metrics["preemptions"],
+                       "recompute_share": recompute_share(run)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table["goodput_gain"] = table["goodput_rps"] / table.loc["vllm", "goodput_rps"] - 1.0
+    return table
+""", 0.0, "own np.random.default_rng(seed)", False),
+    ("a5_answer", "q2", "D3: wrong q1 (nan), q2 itself right", """
+def recompute_share(result):
+    return float("nan")
+""", 3.0, None, False),
 ]
 
 
-def grade_wrong_answer(kit: Path, name: str, question: str, wrong: str) -> tuple[float, float, str, str]:
-    """Run a question's tests (public and hidden) on the master's environment with ``wrong`` executed
+def _notebook_env(right: dict) -> dict:
+    """A copy of a notebook's globals whose functions look names up in the copy (so that a submission
+    that redefines question 1 changes what a given function calling it sees, as in a real notebook)."""
+    import types
+
+    env = dict(right)
+    for key, value in right.items():
+        if isinstance(value, types.FunctionType) and value.__globals__ is right:
+            copy = types.FunctionType(value.__code__, env, value.__name__, value.__defaults__, value.__closure__)
+            copy.__kwdefaults__, copy.__dict__ = value.__kwdefaults__, dict(value.__dict__)
+            env[key] = copy
+    return env
+
+
+def grade_submission(kit: Path, name: str, question: str, code: str) -> tuple[float, float, str, str]:
+    """Run a question's tests (public and hidden) on the master's environment with ``code`` executed
     on top; return (score, possible, messages of failed public tests, messages of failed hidden tests)."""
     from otter.test_files import ExceptionTestFile
 
     tests = ExceptionTestFile.from_string(_test_file(kit, name, question), path=f"{question}.py")
-    right = dict(_master_env(name))
-    tests.run(right)
+    right = _master_env(name)
+    tests.run(_notebook_env(right))
     assert all(r.passed for r in tests.test_case_results), f"{name}/{question}: the master fails its own tests"
-    env = dict(right)
-    exec(compile(wrong, f"<wrong {name}/{question}>", "exec"), env)
+    env = _notebook_env(right)
+    exec(compile(code, f"<submission {name}/{question}>", "exec"), env)
     tests.run(env)
     failed = [r for r in tests.test_case_results if not r.passed]
     text = {True: "", False: ""}
@@ -403,27 +575,87 @@ def grade_wrong_answer(kit: Path, name: str, question: str, wrong: str) -> tuple
 
 
 @pytest.mark.parametrize(
-    "name, question, wrong, hint, score, public",
-    WRONG_ANSWERS,
-    ids=[f"{a}-{q}-{i}" for i, (a, q, *_) in enumerate(WRONG_ANSWERS)],
+    "name, question, label, code, score, hint, public",
+    GRADING_TABLE,
+    ids=[f"{a}-{q}-{i}" for i, (a, q, *_) in enumerate(GRADING_TABLE)],
 )
-def test_wrong_answer_gets_a_helpful_message(kit, name, question, wrong, hint, score, public):
-    got, possible, public_text, hidden_text = grade_wrong_answer(kit, name, question, wrong)
+def test_grading_table(kit, name, question, label, code, score, hint, public):
+    got, possible, public_text, hidden_text = grade_submission(kit, name, question, code)
+    assert got == pytest.approx(score), (
+        f"{name}/{question} ({label}): scores {got}/{possible}, expected {score}\npublic: {public_text}\nhidden: {hidden_text}"
+    )
+    if hint is None:
+        assert got == possible and not public_text and not hidden_text, f"{name}/{question} ({label}) must pass"
+        return
     assert public_text or hidden_text, f"{name}/{question}: the wrong answer passes every test"
-    assert got < possible, f"{name}/{question}: the wrong answer keeps all {possible} points"
-    if score is not None:
-        assert got == pytest.approx(score), f"{name}/{question}: the wrong answer scores {got}/{possible}, expected {score}"
     where = public_text if public else public_text + hidden_text
     assert hint in where, (
         f"{name}/{question}: the {'public ' if public else ''}message does not say {hint!r}:\n"
         f"public: {public_text}\nhidden: {hidden_text}"
     )
-    assert "Traceback" not in public_text and "KeyError" not in public_text and "ufunc" not in public_text, (
-        f"{name}/{question}: a confusing error reaches the student:\n{public_text}"
-    )
+    for text in (public_text, hidden_text):  # what a student sees once grades are published (show_hidden)
+        assert "Traceback" not in text and "KeyError" not in text and "ufunc" not in text, (
+            f"{name}/{question}: a confusing error reaches the student:\n{text}"
+        )
 
 
-if __name__ == "__main__":  # the grading table of WRONG_ANSWERS: python tests/test_assignments.py [KIT_DIR]
+# ----------------------------------------------------------------------------------------- the graders' rules
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_hidden_results_shown_and_public_tests_earn_at_most_a_fifth(kit, name):
+    """D5: students see the hidden tests' messages once grades are published; D6: public tests carry at most
+    20 % of a question's points (here none), so an answer tuned to them earns nothing."""
+    with zipfile.ZipFile(kit / name / "autograder" / f"{name}-autograder.zip") as zf:
+        config = json.loads(zf.read("otter_config.json"))
+        assert config["show_hidden"] is True, config
+        assert "files/kit_guard.py" in zf.namelist(), "the zip carries the graders' helper"
+    from otter.test_files import ExceptionTestFile
+
+    for question, points in _autograded(name).items():
+        tests = ExceptionTestFile.from_string(_test_file(kit, name, question), path=f"{question}.py")
+        public = sum(tc.points for tc in tests.test_cases if not tc.hidden)
+        assert sum(tc.points for tc in tests.test_cases) == pytest.approx(points)
+        assert public <= 0.2 * points, f"{name}/{question}: public tests carry {public} of {points} points"
+
+
+def test_a3_course_instance_binds_the_memory_constraint():
+    """D3: at the course instance's optimum (6e) holds with equality on a deployed configuration, and the
+    memory model without L_in has another optimum (so a wrong (6e) changes the answer)."""
+    import numpy as np
+
+    env = _master_env("a3_joint_milp")
+    d = env["data"]
+    v, cons, fixed = env["base_model"](d)
+    memory, cost = env["memory_and_reservation_cost"](d, v)
+    problem = env["cp"].Problem(env["cp"].Minimize(cost + fixed), cons + memory + env["disaggregated_links"](d, v))
+    value, _ = env["solve"](problem)
+    z = np.round(v["z"].value)
+    slack = [float(-np.sum(c.expr.value)) / (d["M"][k] * z[k]) for k, c in enumerate(memory) if z[k] > 0]
+    assert min(slack) <= 1e-6, f"(6e) has relative slack {slack} at the optimum z = {z}: it does not bind"
+    wrong = _notebook_env(env)
+    exec(compile(A3_NO_LIN, "<no L_in>", "exec"), wrong)
+    other, _ = wrong["solve"](wrong["build"](d, wrong["disaggregated_links"]))
+    assert other < value * (1 - 1e-4), f"without L_in in (6e) the optimum {other} equals the right one {value}"
+
+
+def test_a5_slice_is_the_chapter_memory_point():
+    """a5 names the memory point itself (a wheel install has no data/ cache); it must be the chapter's."""
+    from kvdro.sim import regimes
+
+    env = _master_env("a5_answer")
+    point = regimes.OPERATING_POINTS["memory"]
+    assert env["MEMORY_POINT"] == {"deployment": point.deployment_label, "load": point.scale}
+    assert env["vllm_run"].metrics["preemptions"] > 0, "vLLM must preempt on a5's slice (memory binds)"
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_a4_design_paragraph_is_graded_by_hand(name):
+    if name != "a4_policy":
+        pytest.skip("a4 only")
+    qs = {q["name"]: q for q in build.questions(build.masters()[name])}
+    assert qs["q2b"]["manual"] and qs["q2b"]["points"] >= 1, qs
+
+
+if __name__ == "__main__":  # the grading table: python tests/test_assignments.py [KIT_DIR]
     import contextlib
     import io
     import tempfile
@@ -431,9 +663,8 @@ if __name__ == "__main__":  # the grading table of WRONG_ANSWERS: python tests/t
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp())
     if not (out / "index.json").exists():
         build.build(out, pdfs=False)
-    print("| assignment | question | score | first message the student sees (public) |\n|---|---|---|---|")
-    for name, question, wrong, *_ in WRONG_ANSWERS:
+    print("| assignment | question | submission | expected | got |\n|---|---|---|---|---|")
+    for name, question, label, code, score, *_ in GRADING_TABLE:
         with contextlib.redirect_stdout(io.StringIO()):
-            got, possible, public_text, hidden_text = grade_wrong_answer(out, name, question, wrong)
-        lines = [ln[len("AssertionError: "):] for ln in public_text.splitlines() if ln.startswith("AssertionError: ")]
-        print(f"| {name} | {question} | {got:g}/{possible:g} | {lines[0] if lines else '(public tests pass)'} |")
+            got, possible, public_text, hidden_text = grade_submission(out, name, question, code)
+        print(f"| {name} | {question} | {label} | {score:g}/{possible:g} | {got:g}/{possible:g} |")

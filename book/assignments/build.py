@@ -53,6 +53,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DEFAULT_OUT = ROOT / "_build" / "assignments"
+#: The graders' helper module that every autograder zip carries (hidden tests import it).
+GUARD = HERE / "kit_guard.py"
 #: Assignments built at once (each by its own otter and Chromium subprocesses).
 BUILD_WORKERS = 2
 
@@ -98,8 +100,11 @@ def _to_notebook(master: Path) -> nbformat.NotebookNode:
             config = yaml.safe_load("\n".join(lines[1:])) or {}
             if config.get("name") != master.stem:
                 raise ValueError(f"{master}: ASSIGNMENT CONFIG name must be {master.stem!r}, got {config.get('name')!r}")
+            if not (config.get("generate") or {}).get("show_hidden"):
+                raise ValueError(f"{master}: generate.show_hidden must be true (students see the hidden tests' "
+                                 "results once grades are published)")
             config["requirements"] = "requirements.txt"
-            config["autograder_files"] = sorted(set(config.get("autograder_files", [])) | {"kvdro"})
+            config["autograder_files"] = sorted(set(config.get("autograder_files", [])) | {"kvdro", GUARD.name})
             cell.source = "```otter\n# ASSIGNMENT CONFIG\n" + yaml.safe_dump(config, sort_keys=False) + "```"
             return nb
     raise ValueError(f"{master}: no ```otter block starting with '# ASSIGNMENT CONFIG'")
@@ -146,15 +151,39 @@ def written_pdf(notebook: Path, pdf: Path, browser: str) -> Path:
 
 
 INSTALL_GUARD = 'if importlib.util.find_spec("kvdro") is None:'
+#: The line of a master's install cell that the build replaces by the assignment's public tests.
+PUBLIC_TESTS_LINE = "PUBLIC_TESTS = {}  # the kit's build writes this assignment's public tests here"
+#: Where the student edition publishes the kvdro wheel (kvdro/ only; no assignment master in it):
+#: the branch ``notebooks_branch_student`` of the repository, see ``book/assignments/publish.py``.
+STUDENT_BRANCH = "gh-pages-student"
+
+
+def wheel_name() -> str:
+    """The file name of the kvdro wheel (``kvdro-<version>-py3-none-any.whl``)."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    return f"kvdro-{version}-py3-none-any.whl"
+
+
+def wheel_url(repo_url: str, branch: str = STUDENT_BRANCH) -> str:
+    """The raw address of the wheel that the student edition publishes (``wheels/<wheel>`` on ``branch``)."""
+    org, repo = repo_url.rstrip("/").removeprefix("https://github.com/").split("/")[:2]
+    return f"https://raw.githubusercontent.com/{org}/{repo.removesuffix('.git')}/{branch}/wheels/{wheel_name()}"
 
 
 def _install_cell_first(notebook: Path) -> None:
     """Move the master's install cell (guarded by :data:`INSTALL_GUARD`) before otter's ``import otter``
-    cell, so that a student notebook opened on Colab installs kvdro and otter-grader before using them."""
+    cell, so that a student notebook opened on Colab installs kvdro and otter-grader before using them,
+    and write the assignment's public tests into it (:data:`PUBLIC_TESTS_LINE`): the student's machine
+    never builds the kit and never sees a master."""
     nb = nbformat.read(notebook, as_version=4)
     found = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and INSTALL_GUARD in c.source]
     if found:
-        nb.cells.insert(0, nb.cells.pop(found[0]))
+        cell = nb.cells.pop(found[0])
+        tests = dict(sorted(nb.metadata.get("otter", {}).get("tests", {}).items()))
+        if PUBLIC_TESTS_LINE in cell.source:
+            body = "PUBLIC_TESTS = {\n" + "".join(f"        {k!r}: {v!r},\n" for k, v in tests.items()) + "    }"
+            cell.source = cell.source.replace(PUBLIC_TESTS_LINE, body)
+        nb.cells.insert(0, cell)
         nbformat.write(nb, notebook)
 
 
@@ -168,6 +197,7 @@ def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     nbformat.write(_to_notebook(master), src / f"{name}.ipynb")
     (src / "requirements.txt").write_text("\n".join(_requirements()) + "\n")
     shutil.copytree(ROOT / "kvdro", src / "kvdro", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copyfile(GUARD, src / GUARD.name)
     cmd = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(src / f"{name}.ipynb"), str(target)]
     run = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
     if run.returncode != 0:
@@ -178,6 +208,7 @@ def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     zips[0].rename(target / "autograder" / f"{name}-autograder.zip")
     _install_cell_first(target / "student" / f"{name}.ipynb")
     shutil.rmtree(src / "kvdro")
+    (src / GUARD.name).unlink()
     qs = questions(master)
     written = []
     browser = chromium() if pdfs and any(q["manual"] for q in qs) else None
