@@ -67,9 +67,17 @@ def main(argv: list[str]) -> int:
         top = s["largest"]
         print(f"largest goodput gain of any reservation: {top['policy']} {top['gain']:+.1%} [{top['lo']:+.1%}, {top['hi']:+.1%}] "
               f"on {top['workload']}, {top['deployment']}, load {top['load']:g} ({'stable' if top['stable'] else 'not stable'})")
+        dep = s["largest_deployable"]
+        print(f"largest of a deployable reservation (best soft, DRO): {dep['policy']} {dep['gain']:+.1%} [{dep['lo']:+.1%}, "
+              f"{dep['hi']:+.1%}] on {dep['workload']}, {dep['deployment']}, load {dep['load']:g}")
+        sig = s["largest_deployable_significant"]
+        print("largest deployable gain with its interval above 0: " + (
+            f"{sig['policy']} {sig['gain']:+.2%} [{sig['lo']:+.2%}, {sig['hi']:+.2%}] on {sig['workload']}, {sig['deployment']}, "
+            f"load {sig['load']:g}" if sig else "none"))
         print(f"cells with >= 5 % goodput (interval above 0): {len(s['cells_with_5pct'])}; stable ones: {len(s['stable_cells_with_5pct'])}")
-        for r in s["stable_cells_with_5pct"].itertuples():
-            print(f"  stable: {r.policy} {r.gain:+.1%} [{r.lo:+.1%}, {r.hi:+.1%}] {r.workload}, {r.deployment}, load {r.load:g}")
+        for r in s["cells_with_5pct"].itertuples():
+            print(f"  {r.policy} {r.gain:+.1%} [{r.lo:+.1%}, {r.hi:+.1%}] {r.workload}, {r.deployment}, load {r.load:g}"
+                  f" ({'stable' if r.stable else 'not stable'})")
         bad = s["bound_failures"]
         print(f"[{'PASS' if bad.empty else 'FAIL'}] bound (service rate; completion rate where saturated) "
               f"against the oracle on all {len(chk)} cells")

@@ -6,9 +6,11 @@ prints ``{"experiment", "regime", "quick", "rows", "summary", "verdicts"}`` inst
 has one object per simulation (NaN as null; each carries ``preemptions`` and
 ``kv_utilisation_mean``; the per-block bootstrap strings are left out).
 
-``verdicts`` runs nothing: it judges every claim from the cached sweeps (``data/experiments_*``) and,
-with ``--json``, prints a list of ``{claim, regime, verdict, reason, preemptions,
-kv_utilisation_mean}`` (both regimes unless ``--regime`` is given). ``--quick`` runs a reduced sweep (one trace,
+``verdicts`` runs nothing: it judges every claim from the cached sweeps (``data/experiments_*``) in
+two readings (:mod:`kvdro.experiments.verdicts`) and, with ``--json``, prints a list of ``{claim,
+regime, verdict, reason, engine_verdict, engine_reason, preemptions, kv_utilisation_mean}`` --
+``verdict``/``reason`` the paper's accounting, ``engine_*`` the engine's goodput reading -- (both
+regimes unless ``--regime`` is given). ``--quick`` runs a reduced sweep (one trace,
 one seed, the first five minutes of the test part) fit for tests; ``--write`` (full sweeps only)
 saves the rows to ``data/experiments_<name>.csv``, the cached results the chapter reads.
 Results are cached on disk (``$KVDRO_CACHE_DIR``, default ``_build/kvdro-cache``); ``--no-cache``
@@ -112,7 +114,7 @@ def _verdicts(regime: str | None, *, as_json: bool) -> int:
         print(json.dumps(_records(pd.DataFrame([x.as_row() for x in out])), indent=1))
         return 0
     for x in out:
-        print(f"[{x.regime}] [{x.verdict}] {x.claim}: {x.reason}")
+        print(f"[{x.regime}] {x.claim}\n  paper's accounting [{x.verdict}]: {x.reason}\n  engine [{x.engine_verdict}]: {x.engine_reason}")
     return 0
 
 
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summary.round(3).to_string(index=False))
     print()
     for x in verdicts:
-        print(f"[{x.verdict}] {x.claim}: {x.reason}")
+        print(f"[{x.verdict} / engine: {x.engine_verdict}] {x.claim}: {x.reason} | engine: {x.engine_reason}")
     return 0
 
 
