@@ -113,7 +113,7 @@ def test_fast_engine_finds_the_first_step_the_head_fits(case, G):
     oracle = _Lookahead(L, X, S, K, pb, limit)
     for j, (kv, left, sh, key) in enumerate(running):  # absolute decode steps: o = kv + 1 - G, c = G + left - 1
         L.append(kv), X.append(left + 1), S.append(sh), K.append(key)
-        oracle.add(j, kv + 1 - G, G + left - 1)
+        oracle.add(j, kv + 1 - G, G + left - 1, G)
     P, m, sh, key = new
     h = len(running)
     L.append(P), X.append(m + 1), S.append(sh), K.append(key)

@@ -32,8 +32,6 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
-import numpy as np
-
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation, queue_ranks
 from kvdro.sim.timing import StepClock
@@ -205,7 +203,7 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
             sum_off += kv_off[j]
             admitted.append(j)
             if look and X[j] - gprev[j] - 1 >= 1:
-                oracle.add(j, kv_off[j] + 1, X[j] - g_off[j] - 1)
+                oracle.add(j, kv_off[j] + 1, X[j] - g_off[j] - 1, G)
         if admitted:
             dur = clock.prefill_ps(tokens, pairs)
             used = blocks - free
@@ -460,10 +458,11 @@ class _Lookahead:
     A running sequence j holds ``ceil((o_j + s)/16) - S_j`` own blocks during decode step ``s`` up to
     its last step ``c_j`` (``o_j`` = its cached tokens at step 0, plus one); a prefix key's blocks are
     held up to the last step of its last user. This *profile* is fixed until the next admission
-    (completions are part of it): it is rebuilt lazily after an admission, with the usage ``V_i`` at
-    every completion point ``c_i`` (where the maximum of a sum of non-decreasing steps sits).
-    :meth:`earliest` returns the first step ``a >= G`` at which a request admitted at ``a`` keeps
-    the usage <= ``limit`` at every step of its life, skipping ahead from each violated point.
+    (completions are part of it). It is kept as the usage ``V_i`` at every completion point ``c_i``
+    (sorted; the maximum of a sum of non-decreasing steps sits at one of them), updated in O(R) when
+    a sequence is added (:meth:`add`); points in the past are dropped. :meth:`earliest` returns the
+    first step ``a >= G`` at which a request admitted at ``a`` keeps the usage <= ``limit`` at every
+    step of its life, skipping ahead from each violated point. Plain lists: R is small (<= 256).
     """
 
     INF = 1 << 62
@@ -472,48 +471,58 @@ class _Lookahead:
         self.L, self.X, self.S, self.K, self.pblocks, self.limit = L, X, S, K, pblocks, limit
         self.seqs: dict[int, tuple[int, int]] = {}  # request -> (o, c)
         self.bound = 0  # sum of the running sequences' largest own blocks (an upper bound of the usage)
-        self.prof = None
-        self.memo = None  # (request, profile version, G) -> earliest step
+        self.psum = sum(pblocks)
+        self.cs: list[int] = []  # completion points, ascending
+        self.os_: list[int] = []  # o of the sequence at each point
+        self.ss: list[int] = []  # its shared blocks
+        self.V: list[int] = []  # the usage at each point
+        self.ckey: dict[int, int] = {}  # prefix key -> last step of its last user
+        self.memo = None  # ((request, version, gprev), G0, earliest step)
         self.version = 0
 
     def _maxown(self, j, o, c):
         return -(-(o + c) // _B) - self.S[j]
 
-    def add(self, j, o, c):
+    def add(self, j, o, c, G):
+        """Sequence ``j`` joins at decode step G: o = cached tokens at step 0 plus one, c = its last step."""
         self.seqs[j] = (o, c)
         self.bound += self._maxown(j, o, c)
-        self.prof = None
         self.version += 1
+        cs, os_, ss, V = self.cs, self.os_, self.ss, self.V
+        lo = bisect_left(cs, G)
+        if lo:  # completion points in the past
+            del cs[:lo], os_[:lo], ss[:lo], V[:lo]
+        S, key = self.S[j], self.K[j]
+        hi = bisect_right(cs, c)
+        for i in range(hi):
+            V[i] += (o + cs[i] + _B - 1) // _B - S
+        if key >= 0:
+            ck = self.ckey.get(key, -1)
+            p = self.pblocks[key]
+            if c > ck:
+                if p:
+                    for i in range(bisect_right(cs, ck), hi):
+                        V[i] += p  # the prefix is now held through those points
+                self.ckey[key] = c
+        v = (o + c + _B - 1) // _B - S + sum(self.pblocks[k] for k, ck in self.ckey.items() if ck >= c)
+        for i in range(bisect_left(cs, c), len(cs)):
+            v += (os_[i] + c + _B - 1) // _B - ss[i]
+        cs.insert(hi, c)
+        os_.insert(hi, o)
+        ss.insert(hi, S)
+        V.insert(hi, v)
 
     def done(self, j):
         o, c = self.seqs.pop(j)
         self.bound -= self._maxown(j, o, c)
 
-    def _profile(self):
-        if self.prof is None:
-            items = sorted((c, o, j) for j, (o, c) in self.seqs.items())
-            cs = np.array([c for c, _, _ in items], dtype=np.int64)
-            os_ = np.array([o for _, o, _ in items], dtype=np.int64)
-            ss = np.array([self.S[j] for _, _, j in items], dtype=np.int64)
-            ckey: dict[int, int] = {}
-            for c, _, j in items:
-                if self.K[j] >= 0:
-                    ckey[self.K[j]] = c  # ascending: the last user's step wins
-            alive = cs[None, :] >= cs[:, None]
-            own = -(-(os_[None, :] + cs[:, None]) // _B) - ss[None, :]
-            V = np.where(alive, own, 0).sum(axis=1)
-            for key, ck in ckey.items():
-                if self.pblocks[key]:
-                    V += self.pblocks[key] * (cs <= ck)
-            self.prof = (cs, cs.tolist(), os_, ss, V, ckey)
-        return self.prof
-
     def _usage(self, s):
         """Blocks in use by the profile during decode step s."""
-        cs, csl, os_, ss, _, ckey = self._profile()
-        i = bisect_left(csl, s)
-        u = int((-(-(os_[i:] + s) // _B) - ss[i:]).sum()) if i < len(csl) else 0
-        return u + sum(self.pblocks[key] for key, ck in ckey.items() if ck >= s)
+        cs, os_, ss = self.cs, self.os_, self.ss
+        u = sum(self.pblocks[key] for key, ck in self.ckey.items() if ck >= s)
+        for i in range(bisect_left(cs, s), len(cs)):
+            u += (os_[i] + s + _B - 1) // _B - ss[i]
+        return u
 
     def earliest(self, j, gprev, G):
         """The first decode step >= G at which request ``j`` (``gprev`` tokens generated) fits."""
@@ -523,32 +532,32 @@ class _Lookahead:
             return G  # finishes at its prefill: vLLM's check is all there is
         S, key, limit = self.S[j], self.K[j], self.limit
         p = self.pblocks[key] if key >= 0 else 0
-        own_end = -(-(P + m) // _B) - S
-        if self.bound + sum(self.pblocks) + own_end + p <= limit:
+        own_end = (P + m + _B - 1) // _B - S
+        if self.bound + self.psum + own_end + p <= limit:
             return G  # fits even if every sequence held its largest block count at once
         memo = (j, self.version, gprev)
         if self.memo is not None and self.memo[0] == memo and self.memo[1] <= G <= self.memo[2]:
             return self.memo[2]
-        cs, csl, os_, ss, V, ckey = self._profile()
-        ck = ckey.get(key, -1) if key >= 0 else -1
+        cs, V = self.cs, self.V
+        lo = bisect_left(cs, G)
+        if (max(V[lo:]) if lo < len(cs) else 0) + own_end + p <= limit:
+            return G  # fits even at the running sequences' peak
+        ck = self.ckey.get(key, -1) if key >= 0 else -1
         a = G
         while True:
             e = a + m - 1
-            lo, hi = bisect_left(csl, a), bisect_right(csl, e)
             nxt = None
-            if hi > lo:
-                seg = cs[lo:hi]
-                ext = p * (seg > ck)
-                tot = V[lo:hi] + (-(-(P + 1 + seg - a) // _B) - S) + ext
-                viol = tot > limit
-                if viol.any():
-                    i = int(np.argmax(viol))
-                    sv = int(seg[i])
-                    room = limit - int(V[lo + i]) - int(ext[i])  # own blocks the request may hold at sv
+            base = P + 1 - a + _B - 1
+            for i in range(bisect_left(cs, a), bisect_right(cs, e)):
+                sv = cs[i]
+                ext = p if sv > ck else 0
+                room = limit - V[i] - ext  # own blocks the request may hold at sv
+                if (base + sv) // _B - S > room:
                     nxt = max(a + 1, min(P + 1 + sv - _B * (room + S), sv + 1))
+                    break
             if nxt is None and self._usage(e) + own_end + (p if e > ck else 0) > limit:
-                i = bisect_left(csl, e)
-                nxt = self.INF if i == len(csl) else csl[i] - m + 2
+                i = bisect_left(cs, e)
+                nxt = self.INF if i == len(cs) else cs[i] - m + 2
             if nxt is None:
                 self.memo = (memo, G, a)
                 return a
