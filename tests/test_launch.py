@@ -164,9 +164,98 @@ def test_student_build_hides_solutions_and_make_book_keeps_them():
     recipe = subprocess.run(["make", "-n", "--always-make", "book-student"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout
     assert "['hide_solutions'] = True" in recipe and "--config _build/student/_config.yml" in recipe, recipe
+    assert "publish.py --student" in recipe and "html_copy_source" in recipe, recipe
     assert "hide_solutions" not in (ROOT / "_config.yml").read_text(), "make book must keep the solutions"
     book = subprocess.run(["make", "-n", "--always-make", "book"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "hide_solutions" not in book and "publish.py" in book, book
+
+
+@pytest.fixture(scope="module")
+def published_student(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """The student edition's publishing step on the real sources, with the student config of ``make book-student``."""
+    html = tmp_path_factory.mktemp("student-html")
+    kit = tmp_path_factory.mktemp("student-kit")
+    cfg = dict(CONFIG, launch_buttons=dict(CONFIG["launch_buttons"], notebooks_branch="gh-pages-student"))
+    cfg_path = tmp_path_factory.mktemp("cfg") / "_config.yml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    return html, publish.publish(html, kit, student=True, cfg_path=cfg_path)
+
+
+def test_student_notebooks_have_no_solution_and_the_wheel_only_kvdro(published_student):
+    """D7: the student edition's notebooks/ are built from the chapters with every solution cut, and its
+    wheel (what the assignments' install cell downloads) holds the kvdro package and nothing else."""
+    import zipfile
+
+    html, written = published_student
+    notebooks = [p for p in written.values() if p.suffix == ".ipynb"]
+    assert len(notebooks) >= 8
+    leaks = [p.name for p in notebooks if re.search(r"\{solution\}|solution-start", p.read_text())]
+    assert leaks == [], f"solutions in the student notebooks: {leaks}"
+    for doc in publish.chapters():
+        source = jupytext.read(ROOT / f"{doc}.md")
+        exercises = sum(c.source.count("{exercise}") for c in source.cells)
+        nb = nbformat.read(html / "notebooks" / f"{doc}.ipynb", as_version=4)
+        assert sum(c.source.count("{exercise}") for c in nb.cells) == exercises, f"{doc}: an exercise was cut"
+    wheel = written[f"wheels/{_build_module().wheel_name()}"]
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {n.split("/")[0] for n in zf.namelist()}
+        assert tops == {"kvdro", f"kvdro-{_version()}.dist-info"}, tops
+        assert "kvdro/__init__.py" in zf.namelist()
+        assert not [n for n in zf.namelist() if "assignments" in n or n.endswith(".md")]
+
+
+def test_strip_solutions_cuts_fenced_and_gated_solutions():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("keep\n::::{solution} ex-1\n:class: dropdown\nsecret answer\n::::\nkeep too"),
+        nbformat.v4.new_markdown_cell("before\n```{solution-start} ex-2\n```\nsecret text"),
+        nbformat.v4.new_code_cell("secret_code()"),
+        nbformat.v4.new_markdown_cell("```{solution-end}\n```\nafter"),
+        nbformat.v4.new_code_cell("kept_code()"),
+    ])
+    out = publish.strip_solutions(nb)
+    text = "\n".join(c.source for c in out.cells)
+    assert "secret" not in text and "solution" not in text, text
+    assert [c.source for c in out.cells] == ["keep\nkeep too", "before\n", "after", "kept_code()"]
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("kvdro_course_build_l", ROOT / "book" / "assignments" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _version() -> str:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_assignment_install_cell_points_at_the_published_wheel():
+    """The wheel URL in the masters' install cell is where the student edition publishes it."""
+    build = _build_module()
+    url = build.wheel_url(REPO_URL)
+    assert url.endswith(f"/gh-pages-student/wheels/{build.wheel_name()}") and "raw.githubusercontent.com" in url
+    recipe = subprocess.run(["make", "-n", "--always-make", "book-student"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    assert "'gh-pages-student'" in recipe and build.STUDENT_BRANCH == "gh-pages-student"
+    for name in ASSIGNMENTS:
+        assert f'"{url}"' in (ROOT / "book" / "assignments" / f"{name}.md").read_text(), name
+
+
+def test_built_student_site_has_no_solution_anywhere():
+    """D7: ``grep -rl "{solution}\\|solution-start" _build/student/`` finds nothing: no page, no _sources
+    download, no notebook; the Colab links open the student edition's own notebooks."""
+    root = ROOT / "_build" / "student"
+    if not (root / "html" / "index.html").exists():
+        pytest.skip("no student build: run `make book-student`")
+    run = subprocess.run(["grep", "-rl", r"{solution}\|solution-start", str(root)], capture_output=True, text=True)
+    assert run.stdout == "", f"solutions in the student site:\n{run.stdout}"
+    assert not (root / "html" / "_sources").exists(), "the student site serves its sources"
+    assert (root / "html" / "wheels" / _build_module().wheel_name()).is_file()
+    page = (root / "html" / "book" / "02_newsvendor.html").read_text(encoding="utf-8")
+    links = re.findall(r'https://colab\.research\.google\.com/[^"]+', page)
+    assert links and all("/blob/gh-pages-student/notebooks/" in u for u in links), links
 
 
 def test_built_student_book_has_no_solution():

@@ -163,6 +163,40 @@ def build_wheel(out: Path, root: Path = ROOT) -> Path:
     return wheel
 
 
+def repository(cfg: dict) -> tuple[str, str, str]:
+    """(url, org, repo) of ``repository.url``; a ValueError if it is not a GitHub address."""
+    url = str(cfg.get("repository", {}).get("url", "")).rstrip("/")
+    parsed = urlparse(url)
+    parts = [p for p in parsed.path.split("/") if p]
+    if parsed.netloc != "github.com" or len(parts) != 2:
+        raise ValueError(f"_config.yml repository.url must be https://github.com/<org>/<repo> for Colab, got {url!r}")
+    return url, parts[0], parts[1].removesuffix(".git")
+
+
+def notebooks_branch(cfg: dict) -> str:
+    return str(cfg.get("launch_buttons", {}).get("notebooks_branch", "gh-pages"))
+
+
+def colab_link(cfg: dict, target: str) -> str:
+    """The Colab address of a published notebook ``target`` (relative to the site, e.g. ``notebooks/x.ipynb``)."""
+    _, org, repo = repository(cfg)
+    return f"{COLAB}/github/{org}/{repo}/blob/{notebooks_branch(cfg)}/{target}"
+
+
+def chapters(root: Path = ROOT) -> list[str]:
+    """Doc names of ``_toc.yml`` (``book/02_newsvendor``) whose source has code cells."""
+    docs = re.findall(r"file:\s*(\S+)", (root / "_toc.yml").read_text())
+    return [d for d in docs if "{code-cell}" in (root / f"{d}.md").read_text()]
+
+
+def with_install_cell(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
+    """``nb`` with :data:`INSTALL_CELL` as its first code cell, unless a code cell already guards an install."""
+    if any(c.cell_type == "code" and INSTALL_GUARD in c.source for c in nb.cells):
+        return nb
+    nb.cells.insert(0, nbformat.v4.new_code_cell(INSTALL_CELL.replace("{url}", url)))
+    return nb
+
+
 def publish(html: Path, kit: Path, root: Path = ROOT, *, student: bool = False,
             cfg_path: Path | None = None) -> dict[str, Path]:
     """Write the notebook copies under ``html/notebooks`` (``student``: without solutions, and the kvdro
@@ -184,11 +218,11 @@ def publish(html: Path, kit: Path, root: Path = ROOT, *, student: bool = False,
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, target)
         written[f"notebooks/{doc}.ipynb"] = target
-    for student in sorted(kit.glob("*/student/*.ipynb")):
-        target = out / "assignments" / student.name
+    for handout in sorted(kit.glob("*/student/*.ipynb")):
+        target = out / "assignments" / handout.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(student, target)
-        written[f"notebooks/assignments/{student.name}"] = target
+        shutil.copyfile(handout, target)
+        written[f"notebooks/assignments/{handout.name}"] = target
     if student:
         wheels = html / "wheels"
         if wheels.exists():
