@@ -1,14 +1,23 @@
 """Benchmark: the simulator on the whole Azure 2023 conversation trace, ``python -m kvdro.bench sim``.
 
-Quality bar (DESIGN.md, issues 9 and 15): the fast engine simulates the whole trace (19,366
+Quality bar (DESIGN.md, issues 9, 15 and 29): the fast engine simulates the whole trace (19,366
 requests, the default deployment 2 x TP4-PP1) in <= 2 s here, with metrics identical to the
-step-by-step reference engine's, for ``vllm``, a soft and a hard reservation; the speed ratio
-between the two is measured in the same run. Issue 15 made the fast engine faster where the profile
-said: the same engine inputs are run by today's engine and by the engine of commit 67d1755
-(:mod:`kvdro.bench._sim_engine_v1`, kept for this ratio only) -- "cold" with a fresh step clock
-per run (one run alone), "warm" with today's shared clock (a sweep: every run after the first) --
-and their results are checked equal. Timings are noisy on a shared machine: only ratios and the
-bar are reported.
+step-by-step reference engine's, for ``vllm``, a soft and a hard reservation; and (issue 29) the
+compiled fast engine (:mod:`kvdro.sim.engine_compiled`) is >= 5x faster than the pure-Python fast
+engine (:mod:`kvdro.sim.engine_fast`), measured as each one's speed ratio to the reference engine
+**in the same run**, linear in the trace length. Four parts:
+
+1. ``simulate`` end to end with each engine (``fast`` = compiled, ``fast-python``, ``reference``):
+   wall time, the ratio to the reference, identical metrics and per-request frames.
+2. The engines alone on the same engine inputs (what the engine costs; ``simulate``'s own
+   bookkeeping -- routing, buffers, frames, metrics -- is the same for all three): the
+   fast/reference ratio before (pure-Python fast engine) and after (compiled), requests/s.
+3. Scaling: the conversation trace tiled 1x-32x (copies one after another, the same load), the
+   engine time of both fast engines and the exponent of a log-log fit of time against length.
+4. Compilation: the compiled engine's first call in a fresh process with an empty numba cache
+   (compilation), with the cache (what every later process pays) and warm.
+
+Timings are noisy on a shared machine: the verdicts use ratios measured in the same run.
 
 ``--sweeps`` also writes the cached results chapter 7 reads (:func:`kvdro.sim.studies.write_all`,
 several minutes): ``data/sim_referee.csv``, ``data/sim_saturation.csv``, ``data/sim_regimes.csv``
@@ -20,6 +29,10 @@ the regime map.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -27,38 +40,120 @@ import numpy as np
 from kvdro.bench._common import timed
 
 SPEED_GOAL_S = 2.0
+#: issue 29: the compiled engine's ratio to the reference at least this many times the Python one's
+GAIN_GOAL = 5.0
 N_CONV = 19_366
+TILES = (1, 2, 4, 8, 16, 32)
 
 
-def _engine_ratio(trace, repeats: int) -> list[tuple[str, float, float, float, bool]]:
-    """(case, old cold s, new cold s, new warm s, identical) for the engine-only comparison."""
-    from kvdro.bench._sim_engine_v1 import run_fast as run_v1
-    from kvdro.sim import default_deployment, simulate
+def _same(a, b) -> bool:
+    keys = ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens", "generated")
+    return a.totals() == b.totals() and all(np.array_equal(getattr(a, k), getattr(b, k)) for k in keys)
+
+
+def _engines():
+    from kvdro.sim.engine_compiled import run_compiled
     from kvdro.sim.engine_fast import run_fast
+    from kvdro.sim.engine_reference import run_reference
+
+    return {"compiled": run_compiled, "python": run_fast, "reference": run_reference}
+
+
+def _engine_only(trace, repeats: int) -> list[tuple]:
+    """(case, requests, compiled s, python s, reference s, identical) on the same engine inputs."""
+    from kvdro.sim import default_deployment, simulate
     from kvdro.sim.timing import StepClock
 
-    cases = [("vllm, 2 x TP4-PP1", "vllm", default_deployment(), 1.0, True),
-             ("vllm, 4 x TP2-PP1 at 0.6", "vllm", default_deployment(config="TP2-PP1"), 0.6, True),
-             ("dro (rules off), 2 x TP4-PP1", "dro", default_deployment(), 1.0, False),
-             ("mean (rules off), 4 x TP2-PP1 at 0.6", "mean", default_deployment(config="TP2-PP1"), 0.6, False)]
+    eng = _engines()
+    cases = [("vllm, 2 x TP4-PP1", "vllm", default_deployment(), 1.0, "soft"),
+             ("dro soft, 2 x TP4-PP1", "dro", default_deployment(), 1.0, "soft"),
+             ("vllm, 4 x TP2-PP1 at 0.6", "vllm", default_deployment(config="TP2-PP1"), 0.6, "soft"),
+             ("mean hard, 4 x TP2-PP1 at 0.6", "mean", default_deployment(config="TP2-PP1"), 0.6, "hard")]
     rows = []
-    for label, policy, dep, scale, safe in cases:
+    for label, policy, dep, scale, reading in cases:
         r = simulate(trace.assign(arrival_s=trace["arrival_s"] / scale), policy=policy, deployment=dep,
-                     rng=np.random.default_rng(0), safety_rules=safe)
+                     rng=np.random.default_rng(0), reservation=reading)
         configs = [g for g in dep.groups for _ in range(g.pp)]
+        clocks = [StepClock.shared(dep.model, dep.gpu, cfg) for cfg in configs]
 
-        def run(fn, clock):
-            return [fn(spec, inp, clock(cfg)) for spec, inp, cfg in zip(r.specs, r.inputs, configs)]
+        def run(fn):
+            return [fn(spec, inp, clock) for spec, inp, clock in zip(r.specs, r.inputs, clocks)]
 
-        fresh = lambda cfg: StepClock(dep.model, dep.gpu, cfg)  # noqa: E731
-        shared = lambda cfg: StepClock.shared(dep.model, dep.gpu, cfg)  # noqa: E731
-        t_old, old = timed(lambda: run(run_v1, fresh), repeats)
-        t_cold, new = timed(lambda: run(run_fast, fresh), repeats)
-        t_warm, _ = timed(lambda: run(run_fast, shared), repeats)
-        same = all(a.totals() == b.totals() and np.array_equal(a.finish_ps, b.finish_ps)
-                   and np.array_equal(a.preemptions, b.preemptions) for a, b in zip(old, new))
-        rows.append((label, t_old, t_cold, t_warm, same))
+        run(eng["compiled"])  # tables of the shared clocks, as in a sweep
+        t_c, out_c = timed(lambda: run(eng["compiled"]), max(repeats, 5))
+        t_p, out_p = timed(lambda: run(eng["python"]), repeats)
+        t_r, out_r = timed(lambda: run(eng["reference"]), 1)
+        same = all(_same(a, b) and _same(a, c) for a, b, c in zip(out_r, out_p, out_c))
+        rows.append((label, sum(len(i) for i in r.inputs), t_c, t_p, t_r, same))
     return rows
+
+
+def _tiled(trace, copies: int):
+    """``copies`` copies of ``trace`` one after another (each shifted by the trace's span)."""
+    import pandas as pd
+
+    span = float(trace["arrival_s"].max() - trace["arrival_s"].min()) + 1.0
+    return pd.concat([trace.assign(arrival_s=trace["arrival_s"] + c * span) for c in range(copies)], ignore_index=True)
+
+
+def _scaling(trace, repeats: int) -> list[tuple[int, float, float]]:
+    """(requests, compiled s, python s) of the engines on 1x-32x the conversation trace (vllm, 2 x TP4-PP1)."""
+    from kvdro.sim import default_deployment, simulate
+    from kvdro.sim.timing import StepClock
+
+    eng = _engines()
+    dep = default_deployment()
+    rows = []
+    for copies in TILES:
+        r = simulate(_tiled(trace, copies), policy="vllm", deployment=dep, rng=np.random.default_rng(0))
+        clock = StepClock.shared(dep.model, dep.gpu, dep.groups[0])
+
+        def run(fn):
+            return [fn(spec, inp, clock) for spec, inp in zip(r.specs, r.inputs)]
+
+        t_c, out_c = timed(lambda: run(eng["compiled"]), max(repeats, 3))
+        t_p, out_p = timed(lambda: run(eng["python"]), 1)
+        if not all(_same(a, b) for a, b in zip(out_c, out_p)):
+            raise AssertionError(f"the compiled and Python fast engines differ on {copies}x the trace")
+        rows.append((sum(len(i) for i in r.inputs), t_c, t_p))
+    return rows
+
+
+_PROBE = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
+from kvdro.sim.engine_compiled import run_compiled
+from kvdro.sim.scheduler import EngineInput, EngineSpec
+from kvdro.sim.timing import StepClock
+clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
+spec = EngineSpec(blocks=40, watermark_blocks=1, max_num_seqs=8, token_budget=400, free_block_rule=True)
+n = 20
+inp = EngineInput(arrival_ps=np.zeros(n, dtype=np.int64), prompt=np.full(n, 30), output=np.full(n, 40),
+                  reserve_blocks=np.zeros(n, dtype=np.int64), prefix_key=np.full(n, -1), shared_blocks=np.zeros(n, dtype=np.int64))
+t1 = time.perf_counter()
+run_compiled(spec, inp, clock)
+t2 = time.perf_counter()
+run_compiled(spec, inp, clock)
+t3 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2)
+"""
+
+
+def _compile_times() -> tuple[float, float, float, float]:
+    """(import s, first call with an empty cache s, first call with the cache s, warm call s)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        runs = [subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True, timeout=900)
+                for _ in range(2)]
+    cold = [float(v) for v in runs[0].stdout.split()]
+    cached = [float(v) for v in runs[1].stdout.split()]
+    return cached[0], cold[1], cached[1], cached[2]
+
+
+def _exponent(n: list[int], t: list[float]) -> float:
+    return float(np.polyfit(np.log(n), np.log(t), 1)[0])
 
 
 def main(argv: list[str]) -> int:
@@ -67,11 +162,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine (median; default 3)")
     parser.add_argument("--sweeps", action="store_true", help="also regenerate every cached sweep of chapter 7 under data/")
     parser.add_argument("--regimes", action="store_true", help="also regenerate the regime map (data/sim_regimes.csv)")
+    parser.add_argument("--no-compile-time", action="store_true", help="skip part 4 (a fresh compilation, ~1 min)")
     args = parser.parse_args(argv)
 
     from kvdro.datasets import load_trace
     from kvdro.sim import default_deployment, simulate
+    from kvdro.sim.engine_compiled import HAVE_NUMBA
 
+    if not HAVE_NUMBA:
+        print("[FAIL] numba is not installed: engine='fast' is the pure-Python fast engine")
+        return 1
     trace = load_trace("azure-2023-conv")
     if len(trace) != N_CONV:
         print(f"[FAIL] the conversation trace has {len(trace):,} requests, expected {N_CONV:,}")
@@ -86,37 +186,64 @@ def main(argv: list[str]) -> int:
     ]
     print(f"Azure 2023 conversation trace: {len(trace):,} requests over {trace['arrival_s'].max():,.0f} s; "
           f"median of {args.repeats} runs per engine")
-    print(f"{'policy':>6} {'reading':>7} {'deployment':>13} {'fast [s]':>9} {'reference [s]':>14} {'ratio':>6} "
-          f"{'identical':>10} {'preemptions':>12}")
+    print("\n1. simulate() end to end [s] (fast = compiled; ratio = reference / engine)")
+    print(f"{'policy':>6} {'reading':>7} {'deployment':>13} {'fast':>6} {'python':>7} {'ref':>6} "
+          f"{'x fast':>7} {'x py':>5} {'same':>5} {'preempt':>8}")
     ok_speed = ok_same = True
     for policy, reading, name, dep, scale in cases:
         tr = trace.assign(arrival_s=trace["arrival_s"] / scale)
         run = lambda engine: simulate(tr, policy=policy, deployment=dep, rng=np.random.default_rng(0),  # noqa: E731
                                       engine=engine, reservation=reading)
+        run("fast")  # the shared clock's tables, as in a sweep
         t_fast, fast = timed(lambda: run("fast"), args.repeats)
-        t_ref, ref = timed(lambda: run("reference"), args.repeats)
-        same = ({k: v for k, v in fast.metrics.items() if k != "wall_s"} == {k: v for k, v in ref.metrics.items() if k != "wall_s"}
-                and fast.requests.equals(ref.requests)
-                and all(a.totals() == b.totals() for a, b in zip(fast.outputs, ref.outputs)))
+        t_py, py = timed(lambda: run("fast-python"), args.repeats)
+        t_ref, ref = timed(lambda: run("reference"), 1)
+        same = True
+        for other in (py, ref):
+            same &= ({k: v for k, v in fast.metrics.items() if k != "wall_s"} == {k: v for k, v in other.metrics.items() if k != "wall_s"}
+                     and fast.requests.equals(other.requests)
+                     and all(a.totals() == b.totals() for a, b in zip(fast.outputs, other.outputs)))
         m = fast.metrics
         ok_speed &= t_fast <= SPEED_GOAL_S if name == "2 x TP4-PP1" else True
         ok_same &= same and m["completed"] + m["rejected"] + m["ignored"] == N_CONV
-        print(f"{policy:>6} {reading:>7} {name:>13} {t_fast:9.2f} {t_ref:14.2f} {t_ref / t_fast:6.1f} {str(same):>10} "
-              f"{m['preemptions']:>12,}")
+        print(f"{policy:>6} {reading:>7} {name:>13} {t_fast:6.2f} {t_py:7.2f} {t_ref:6.2f} {t_ref / t_fast:7.1f} "
+              f"{t_ref / t_py:5.1f} {str(same):>5} {m['preemptions']:>8,}")
     print(f"[{'PASS' if ok_speed else 'FAIL'}] speed: the whole conversation trace by the fast engine in <= {SPEED_GOAL_S:g} s "
           "on the default deployment")
-    print(f"[{'PASS' if ok_same else 'FAIL'}] identical metrics and per-request outcomes in both engines; "
+    print(f"[{'PASS' if ok_same else 'FAIL'}] identical metrics and per-request outcomes in the three engines; "
           f"completed + rejected + ignored = {N_CONV:,}")
 
-    print("\nToday's fast engine against the engine of commit 67d1755 (engine only, same inputs):")
-    print(f"{'case':>38} {'old [s]':>8} {'cold [s]':>9} {'warm [s]':>9} {'cold x':>7} {'warm x':>7} {'identical':>10}")
-    rows = _engine_ratio(trace, args.repeats)
-    for label, t_old, t_cold, t_warm, same in rows:
+    print("\n2. The engines alone, same inputs [s]; ratio = reference / engine")
+    print(f"{'case':>30} {'compiled':>9} {'python':>7} {'ref':>6} {'before':>7} {'after':>7} {'gain':>5} {'k req/s':>8} {'same':>5}")
+    rows = _engine_only(trace, args.repeats)
+    for label, n, t_c, t_p, t_r, same in rows:
         ok_same &= same
-        print(f"{label:>38} {t_old:8.2f} {t_cold:9.2f} {t_warm:9.2f} {t_old / t_cold:7.2f} {t_old / t_warm:7.2f} {str(same):>10}")
-    old, cold, warm = (sum(r[i] for r in rows) for i in (1, 2, 3))
-    print(f"speed-up over the old engine, all cases: {old / cold:.2f}x cold (one run alone), {old / warm:.2f}x warm (in a sweep)")
-    print(f"[{'PASS' if all(r[4] for r in rows) else 'FAIL'}] the old and today's engines agree on these inputs")
+        print(f"{label:>30} {t_c:9.3f} {t_p:7.3f} {t_r:6.2f} {t_r / t_p:7.1f} {t_r / t_c:7.1f} {t_p / t_c:5.1f} "
+              f"{n / t_c / 1e3:8.0f} {str(same):>5}")
+    t_c, t_p, t_r = (sum(r[i] for r in rows) for i in (2, 3, 4))
+    gain = t_p / t_c
+    print(f"all cases: fast/reference {t_r / t_p:.1f}x before (Python), {t_r / t_c:.1f}x after (compiled): "
+          f"{gain:.1f}x faster; {sum(r[1] for r in rows) / t_c / 1e3:,.0f} k requests/s compiled")
+    ok_gain = gain >= GAIN_GOAL
+    print(f"[{'PASS' if ok_gain else 'FAIL'}] the compiled engine's ratio to the reference >= {GAIN_GOAL:g}x the Python "
+          "engine's (issue 29)")
+
+    print("\n3. Scaling: 1x-32x the conversation trace (vllm, 2 x TP4-PP1), engine only")
+    print(f"{'requests':>9} {'compiled [s]':>13} {'python [s]':>11} {'k req/s':>8}")
+    scale_rows = _scaling(trace, args.repeats)
+    for n, t_c1, t_p1 in scale_rows:
+        print(f"{n:>9,} {t_c1:13.3f} {t_p1:11.2f} {n / t_c1 / 1e3:8.0f}")
+    ns = [r[0] for r in scale_rows]
+    e_c, e_p = _exponent(ns, [r[1] for r in scale_rows]), _exponent(ns, [r[2] for r in scale_rows])
+    ok_linear = e_c <= 1.15
+    print(f"log-log exponent of time in length: compiled {e_c:.2f}, python {e_p:.2f}")
+    print(f"[{'PASS' if ok_linear else 'FAIL'}] the compiled engine's cost is linear in the trace length (exponent <= 1.15)")
+
+    if not args.no_compile_time:
+        imp, cold, cached, warm = _compile_times()
+        print("\n4. The compiled engine's first call (a 20-request case, fresh processes)")
+        print(f"import {imp:.2f} s; first call with an empty numba cache (compiles) {cold:.1f} s; "
+              f"with the cache {cached:.2f} s; warm {warm * 1e3:.2f} ms")
 
     if args.sweeps or args.regimes:
         from kvdro.sim.studies import PARTS, write_all
@@ -125,4 +252,4 @@ def main(argv: list[str]) -> int:
         for path in write_all(parts=PARTS if args.sweeps else ("regimes",)):
             print(f"wrote {path}")
         print(f"sweeps regenerated in {time.perf_counter() - start:,.0f} s (one process)")
-    return 0 if ok_speed and ok_same else 1
+    return 0 if ok_speed and ok_same and ok_gain and ok_linear else 1

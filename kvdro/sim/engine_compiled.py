@@ -62,7 +62,11 @@ except ImportError:  # pragma: no cover
             return args[0]
         return lambda f: f
 
-__all__ = ["HAVE_NUMBA", "KMAX", "run_compiled"]
+__all__ = ["HAVE_NUMBA", "KMAX", "SUPPORTS_ORACLE", "run_compiled"]
+
+#: The compiled engine runs the oracle's look-ahead and a key-ordered waiting queue
+#: (:mod:`kvdro.sim.scheduler`) itself; ``simulate`` routes them here when True.
+SUPPORTS_ORACLE = True
 
 #: The longest jump [decode steps]; keeps every product of a jump inside int64 (module docstring).
 KMAX = 1 << 16
@@ -75,7 +79,7 @@ _BOUND = 1 << 61
 # state vector indices
 _FREE, _SUMOFF, _NTIGHT, _NRUN, _RHEAD, _RTAIL, _DSIZE, _OSIZE, _ERR = range(9)
 # error codes
-_OK, _STUCK, _JUMP_OVERDRAW, _WINDOW, _RANGE, _HEAP = range(6)
+_OK, _STUCK, _JUMP_OVERDRAW, _WINDOW, _RANGE, _HEAP, _ORACLE_PREEMPTED = range(7)
 
 
 @njit(cache=True)
@@ -292,8 +296,136 @@ def _moments(o, k):
     return s1, (s2 - s1) // 2
 
 
+
+# ---------------------------------------------------------------------------------------------
+# the oracle's look-ahead (engine_fast._Lookahead over arrays); its scalars live in ``lk``
+_LK_BOUND, _LK_VERSION, _LK_PROF, _LK_PN, _LK_NMEM, _LK_MVALID, _LK_MJ, _LK_MVER, _LK_MGPREV, _LK_MG, _LK_MRES = range(11)
+
+
 @njit(cache=True)
-def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_seqs, budget, reactive, hard, window,
+def _first_geq(cs, n, x):
+    """bisect_left: the first index i < n with cs[i] >= x (n if none)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cs[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def _la_add(j, o, c, lk, mem, mpos, lo_o, lo_c, S):
+    lo_o[j] = o
+    lo_c[j] = c
+    mpos[j] = lk[_LK_NMEM]
+    mem[lk[_LK_NMEM]] = j
+    lk[_LK_NMEM] += 1
+    lk[_LK_BOUND] += -(-(o + c) // BLOCK_TOKENS) - S[j]
+    lk[_LK_PROF] = 0
+    lk[_LK_VERSION] += 1
+
+
+@njit(cache=True)
+def _la_done(j, lk, mem, mpos, lo_o, lo_c, S):
+    i = mpos[j]
+    last = mem[lk[_LK_NMEM] - 1]
+    mem[i] = last
+    mpos[last] = i
+    mpos[j] = -1
+    lk[_LK_NMEM] -= 1
+    lk[_LK_BOUND] -= -(-(lo_o[j] + lo_c[j]) // BLOCK_TOKENS) - S[j]
+
+
+@njit(cache=True)
+def _la_profile(lk, mem, lo_o, lo_c, S, K, pblocks, pcs, pos, pss, pV, pckey, tmp):
+    """Sorted completion steps c_i of the running sequences and the usage V_i at each."""
+    B = BLOCK_TOKENS
+    nm = lk[_LK_NMEM]
+    for i in range(nm):
+        tmp[i] = lo_c[mem[i]]
+    order = np.argsort(tmp[:nm])
+    for i in range(nm):
+        j = mem[order[i]]
+        pcs[i], pos[i], pss[i] = lo_c[j], lo_o[j], S[j]
+    for key in range(pckey.size):
+        pckey[key] = -1
+    for i in range(nm):
+        j = mem[i]
+        if K[j] >= 0 and lo_c[j] > pckey[K[j]]:
+            pckey[K[j]] = lo_c[j]
+    for i in range(nm):
+        ci = pcs[i]
+        v = 0
+        for q in range(nm):
+            if pcs[q] >= ci:
+                v += -(-(pos[q] + ci) // B) - pss[q]
+        for key in range(pblocks.size):
+            if pblocks[key] and ci <= pckey[key]:
+                v += pblocks[key]
+        pV[i] = v
+    lk[_LK_PN] = nm
+    lk[_LK_PROF] = 1
+
+
+@njit(cache=True)
+def _la_earliest(j, gprev_j, G, lk, mem, lo_o, lo_c, L, X, S, K, pblocks, psum, limit, pcs, pos, pss, pV, pckey, tmp):
+    """The first decode step >= G at which request ``j`` fits (engine_fast._Lookahead.earliest)."""
+    B = BLOCK_TOKENS
+    P = L[j] + gprev_j
+    m = X[j] - gprev_j - 1
+    if m < 1:
+        return G
+    Sj = S[j]
+    key = K[j]
+    p = pblocks[key] if key >= 0 else 0
+    own_end = -(-(P + m) // B) - Sj
+    if lk[_LK_BOUND] + psum + own_end + p <= limit:
+        return G
+    if (lk[_LK_MVALID] == 1 and lk[_LK_MJ] == j and lk[_LK_MVER] == lk[_LK_VERSION] and lk[_LK_MGPREV] == gprev_j
+            and lk[_LK_MG] <= G <= lk[_LK_MRES]):
+        return lk[_LK_MRES]
+    if lk[_LK_PROF] == 0:
+        _la_profile(lk, mem, lo_o, lo_c, S, K, pblocks, pcs, pos, pss, pV, pckey, tmp)
+    pn = lk[_LK_PN]
+    ck = pckey[key] if key >= 0 else -1
+    a = G
+    while True:
+        e = a + m - 1
+        lo = _first_geq(pcs, pn, a)
+        hi = _first_geq(pcs, pn, e + 1)
+        nxt = -1
+        for i in range(lo, hi):
+            sv = pcs[i]
+            ext = p if sv > ck else 0
+            if pV[i] + (-(-(P + 1 + sv - a) // B) - Sj) + ext > limit:
+                room = limit - pV[i] - ext  # own blocks the request may hold at sv
+                cand = P + 1 + sv - B * (room + Sj)
+                if sv + 1 < cand:
+                    cand = sv + 1
+                nxt = a + 1 if a + 1 > cand else cand
+                break
+        if nxt < 0:
+            i0 = _first_geq(pcs, pn, e)
+            u = 0
+            for q in range(i0, pn):
+                u += -(-(pos[q] + e) // B) - pss[q]
+            for kk in range(pblocks.size):
+                if pckey[kk] >= e:
+                    u += pblocks[kk]
+            if u + own_end + (p if e > ck else 0) > limit:
+                nxt = _NONE if i0 == pn else pcs[i0] - m + 2
+        if nxt < 0 or nxt >= _NONE:
+            res = a if nxt < 0 else _NONE
+            lk[_LK_MVALID], lk[_LK_MJ], lk[_LK_MVER], lk[_LK_MGPREV] = 1, j, lk[_LK_VERSION], gprev_j
+            lk[_LK_MG], lk[_LK_MRES] = G, res
+            return res
+        a = nxt
+
+
+@njit(cache=True)
+def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, max_seqs, budget, reactive, hard, window,
             slope, base, s0tab, pair_s, token_s, kmax,
             admit, first, finish, preemptions, recomputed, final_cap, generated, totals, wide):
     """The event loop of :func:`kvdro.sim.engine_fast.run_fast` over arrays (module docstring).
@@ -356,6 +488,23 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
     peak = 0
     RES, DB, KVI = 0, 3, 6
     ok = True
+    # the oracle's look-ahead
+    lk = np.zeros(11, np.int64)
+    mem = np.zeros(max(n_req, 1), np.int64)
+    mpos = np.full(n_req, -1, np.int64)
+    lo_o = np.zeros(n_req, np.int64)
+    lo_c = np.zeros(n_req, np.int64)
+    pcs = np.zeros(scratch, np.int64)
+    pos = np.zeros(scratch, np.int64)
+    pss = np.zeros(scratch, np.int64)
+    pV = np.zeros(scratch, np.int64)
+    ptmp = np.zeros(max(n_req, 1), np.int64)
+    pckey = np.full(max(pblocks.size, 1), -1, np.int64)
+    psum = 0
+    for key in range(pblocks.size):
+        psum += pblocks[key]
+    limit_la = blocks - wm
+    wake = -1
 
     while True:
         while nxt < n_req and arr[nxt] <= t:
@@ -371,6 +520,7 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
         m = 0
         tokens = 0
         pairs = 0
+        wake = -1
         while wlen > 0 or psize > 0:
             j = wbuf[whead] if wlen > 0 else by_rank[pool[0]]
             P = L[j] + gprev[j]
@@ -387,6 +537,12 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
             new = P - B * sj if hit else P
             if tokens + new > budget or sc[_NRUN] + 1 > max_seqs:
                 break
+            if look:
+                a_fit = _la_earliest(j, gprev[j], G, lk, mem, lo_o, lo_c, L, X, S, K, pblocks, psum, limit_la,
+                                     pcs, pos, pss, pV, pckey, ptmp)
+                if a_fit != G:
+                    wake = a_fit
+                    break
             if wlen > 0:
                 whead = (whead + 1) % wcap
                 wlen -= 1
@@ -422,6 +578,8 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
             sc[_SUMOFF] += kv_off[j]
             adm_list[m] = j
             m += 1
+            if look and X[j] - gprev[j] - 1 >= 1:
+                _la_add(j, kv_off[j] + 1, X[j] - g_off[j] - 1, lk, mem, mpos, lo_o, lo_c, S)
         if m > 0:
             s0 = s0tab[tokens]
             extra = pair_s * float(pairs) - token_s * float(tokens)
@@ -505,6 +663,8 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
         sn = slope * n
         if lin <= 0 or lin >= (1 << 46) or sn >= (1 << 30) or sn < 0:
             return _RANGE
+        if wake >= 0 and wake - G < k:
+            k = wake - G  # > 0: the look-ahead failed at G
         # an arrival may be admitted: into an empty queue, or past a blocked head ordered by another key
         watch = nxt < n_req and ((wlen == 0 and psize == 0) or (not fifo and wlen == 0))
         if k > 0 and watch:
@@ -559,6 +719,8 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
                 return _RANGE
             if watch and arr[nxt] <= t:
                 continue
+            if wake >= 0 and G >= wake:
+                continue  # the look-ahead's head fits now
 
         # 2b. one ordinary decode step (with its event)
         ncap = 0
@@ -688,6 +850,8 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
                 if stopped:
                     break
                 sc[_FREE] -= 1
+        if npre > 0 and look:
+            return _ORACLE_PREEMPTED
         for i in range(npre):  # waiting.extendleft(preempted)
             whead = (whead - 1) % wcap
             wbuf[whead] = pre_list[i]
@@ -719,6 +883,8 @@ def _kernel(arr, rank, by_rank, fifo, L, X, R, K, S, pblocks, blocks, wm, max_se
             nb = _owned(j, G, tight, kv_off, own0, S)
             _remove_running(j, sc, rn, rp, rhl, tight, kv_off, qn, qp, qhead, qtail, rc, adm_of)
             _release(j, nb, sc, K, ref, pblocks)
+            if look:
+                _la_done(j, lk, mem, mpos, lo_o, lo_c, S)
         if not ok or t >= _TMAX:
             return _RANGE
 
@@ -789,13 +955,11 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
     totals = np.zeros(8, np.int64)
     wide = np.zeros(9, np.int64)
     R = np.array(inp.reserve_blocks, dtype=np.int64, copy=True)  # grows when hard-capped
-    if spec.lookahead:
-        from kvdro.sim.engine_fast import run_fast  # the oracle's look-ahead is not compiled (yet)
-
-        return run_fast(spec, inp, clock, progress=progress)
+    if spec.lookahead and np.any(np.asarray(inp.reserve_blocks) != 0):
+        raise ValueError("reserve_blocks: the oracle's look-ahead admits reactively (reserve nothing)")
     rank, by_rank, fifo = queue_ranks(inp)
     code = _kernel(
-        _as_int64(inp.arrival_ps), _as_int64(rank), _as_int64(by_rank), bool(fifo), _as_int64(inp.prompt), _as_int64(inp.output), R, _as_int64(inp.prefix_key),
+        _as_int64(inp.arrival_ps), _as_int64(rank), _as_int64(by_rank), bool(fifo), bool(spec.lookahead), _as_int64(inp.prompt), _as_int64(inp.output), R, _as_int64(inp.prefix_key),
         _as_int64(inp.shared_blocks), np.array(spec.prefix_blocks, dtype=np.int64).reshape(-1),
         int(spec.blocks), int(spec.watermark_blocks), int(spec.max_num_seqs), int(spec.token_budget),
         bool(spec.free_block_rule), bool(spec.hard), int(spec.window_blocks),
@@ -812,6 +976,8 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
     if code == _RANGE:
         raise ValueError("spec/clock: step durations or integrals outside the compiled engine's exact integer "
                          "range (use engine='fast-python')")
+    if code == _ORACLE_PREEMPTED:
+        raise InvariantError("compiled engine: the oracle's look-ahead admitted a request that was then preempted")
     if code == _HEAP:
         raise InvariantError("compiled engine: more live heap entries than running sequences")
     steps, prefill_steps, busy, dps, end, peak, free_end = (int(v) for v in totals[:7])
