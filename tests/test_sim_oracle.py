@@ -214,6 +214,16 @@ def test_simulate_oracle_never_preempts_where_vllm_does():
     assert (rq["waste_tokens"] < 16).all()  # only the last block's slack
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6), st.floats(0.5, 30.0), st.integers(300, 3000))
+def test_oracle_never_preempts_at_any_load(seed, rate, longest):
+    """Any seed, any rate (light to far past saturation), outputs up to ``longest`` tokens."""
+    rng = np.random.default_rng(seed)
+    tr = toy_trace(rng, n=150, rate=rate, out=(1, longest))
+    r = simulate(tr, policy="oracle", deployment=default_deployment(config="TP2-PP1", groups=1), rng=rng)
+    assert r.metrics["preemptions"] == 0 and r.metrics["completed"] == len(tr)
+
+
 def test_oracle_equals_vllm_where_memory_is_ample():
     """2 x TP4 at a low rate: vLLM never preempts and the look-ahead never binds -- the same run."""
     tr = toy_trace(np.random.default_rng(6), n=400, rate=2.0)

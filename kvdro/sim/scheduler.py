@@ -5,15 +5,17 @@ We follow **vLLM v0.6** (the V0 engine's default scheduler without chunked prefi
 ``_schedule_running``) and ``vllm/core/block_manager.py`` (``SelfAttnBlockSpaceManager``:
 ``can_allocate``, ``can_append_slots``) :cite:`kwon2023vllm`. One engine step:
 
-1. **Prefill first.** Walk the FCFS waiting queue from its head; admit a request if
+1. **Prefill first.** Walk the waiting queue from its head (FCFS; or a static key's order, below);
+   admit a request if
    (a) its blocks fit above the **watermark** -- ``free - need >= watermark`` (1% of the blocks,
    vLLM's ``can_allocate``), where ``need`` is the prompt's ``ceil(P/16)`` blocks for ``vllm`` and
    the reservation's ``ceil(max(P, L_in + eta)/16)`` for a reservation policy (an *extra*
    admission condition on top of vLLM's) -- (b) the step's token budget
    (``max_num_batched_tokens``) holds its P prompt tokens and (c) running sequences stay
-   <= ``max_num_seqs`` (256). The first request that does not fit stops the walk (head-of-line
-   blocking, as in vLLM). If anything was admitted the step is a **prefill-only** step; each
-   prefilled sequence produces its first output token.
+   <= ``max_num_seqs`` (256) -- and, for ``oracle`` only, (d) the look-ahead below holds. The
+   first request that does not fit stops the walk (head-of-line blocking, as in vLLM). If
+   anything was admitted the step is a **prefill-only** step; each prefilled sequence produces
+   its first output token.
 2. Otherwise a **decode step** of every running sequence, oldest first. **Free-block rule:** a
    sequence may run only if at least one block is free (v0's worst-case "touched block" heuristic
    in ``can_append_slots``), whatever the policy; it takes that block only when its next token

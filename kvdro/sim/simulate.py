@@ -213,7 +213,8 @@ def simulate(
         raise ValueError(f"policy: must be one of {ALL_POLICIES}, got {policy!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: must be one of {SCHEDULES}, got {schedule!r}")
-    if isinstance(aging_s_per_token, bool) or not (np.isfinite(aging_s_per_token) and aging_s_per_token >= 0):
+    if (isinstance(aging_s_per_token, bool) or not isinstance(aging_s_per_token, (int, float, np.integer, np.floating))
+            or not (np.isfinite(aging_s_per_token) and aging_s_per_token >= 0)):
         raise ValueError(f"aging_s_per_token: must be a finite number >= 0 [s per token], got {aging_s_per_token!r}")
     if engine not in ENGINES:
         raise ValueError(f"engine: must be one of {ENGINES}, got {engine!r}")
@@ -270,8 +271,8 @@ def simulate(
                 i = int(np.flatnonzero(~np.isfinite(hint) | (hint < 0))[0])
                 raise ValueError(f"length_hint: must hold finite lengths >= 0 [tokens]; row {i} has {_plain(hint[i])!r}")
             hint = hint[order]
-        if aging_s_per_token * float(hint.max()) > 2.0**62 / PS_PER_S:
-            raise ValueError(f"length_hint: aging_s_per_token x the largest hint exceeds {2.0**62 / PS_PER_S:.3g} s")
+        if aging_s_per_token * float(hint.max()) > MAX_HORIZON_S:
+            raise ValueError(f"length_hint: aging_s_per_token x the largest hint exceeds {MAX_HORIZON_S:.3g} s")
         queue_key = arrival_ps + np.round(aging_s_per_token * hint * PS_PER_S).astype(np.int64)
 
     group = _route(cls, names, dep, rng)
