@@ -47,22 +47,23 @@ then admits down to the last block and a sequence inside its reservation runs wi
 **The oracle's look-ahead** (``EngineSpec.lookahead``, policy ``oracle``): vLLM's admission above
 plus one more condition, with the true output lengths. Every running sequence follows a known
 trajectory: one token per decode step, a new block when its last one is full, all its blocks freed
-after its last decode step (the block manager's usage is a sum of step functions). The head of the
-waiting queue is admitted only if, with that trajectory of every running sequence and the new
-request's own added (prefix-shared blocks counted once, held until their last user leaves), the
-blocks in use never exceed ``blocks - watermark`` at any future decode step. The condition is
-checked at every engine step, like vLLM's. Between two completions every trajectory is
+after its last decode step (the block manager's usage is a sum of step functions). A request of
+the walk is admitted only if, with that trajectory of every running sequence and the new request's
+own added (prefix-shared blocks counted once, held until their last user leaves), the blocks in use
+never exceed ``blocks - watermark`` at any future decode step. At the current step this is vLLM's
+own check, so the oracle never admits a request earlier than vLLM would in the same state. The
+condition is checked at every engine step, like vLLM's. Between two completions every trajectory is
 non-decreasing, so the maximum over the future sits at the last step before a completion (or the
 new request's own last step): the check evaluates only those points (:func:`lookahead_fits`).
 Consequence: the free pool never falls below the watermark (>= 1 block), so the free-block rule
 never fires and the oracle **never preempts** (an engine raises :class:`InvariantError` if it
 does). Because completions are part of the trajectories, the future usage of a fixed running set
-does not change until the next admission; its admission rule is not monotone in time, though (a
-long request admitted later is smaller when a running one peaks), so the fast engine computes the
-first step at which the blocked head fits and stops its jump there.
+does not change until the next admission. Whether a given request fits is not monotone in time,
+though (a long request admitted later is smaller when a running one peaks), so the fast engine
+computes the first step at which the blocked head fits and stops its jump there.
 
 **The waiting queue's order** (``EngineInput.queue_key``): requests that were never admitted wait
-in the order of a static key, ties by arrival; ``None`` (or the arrival time itself) is vLLM's FCFS.
+in the order of a static key, ties in arrival order; ``None`` (or the arrival time itself) is vLLM's FCFS.
 Shortest-output-first with aging ("sof", :func:`kvdro.sim.simulate`) is the key
 ``arrival + aging x predicted output length``. The walk of step 1 follows the key order and still
 stops at the first request that does not fit (head-of-line blocking); preempted requests go to the
