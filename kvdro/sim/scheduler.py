@@ -50,9 +50,9 @@ trajectory: one token per decode step, a new block when its last one is full, al
 after its last decode step (the block manager's usage is a sum of step functions). A request of
 the walk is admitted only if, with that trajectory of every running sequence and the new request's
 own added (prefix-shared blocks counted once, held until their last user leaves), the blocks in use
-never exceed ``blocks - watermark`` at any future decode step. At the current step this is vLLM's
-own check, so the oracle never admits a request earlier than vLLM would in the same state. The
-condition is checked at every engine step, like vLLM's. Between two completions every trajectory is
+never exceed ``blocks - watermark`` at any future decode step. It is checked on top of vLLM's
+conditions (a)-(c), so the oracle never admits a request earlier than vLLM would in the same
+state, and at every engine step, like them. Between two completions every trajectory is
 non-decreasing, so the maximum over the future sits at the last step before a completion (or the
 new request's own last step): the check evaluates only those points (:func:`lookahead_fits`).
 Consequence: the free pool never falls below the watermark (>= 1 block), so the free-block rule
