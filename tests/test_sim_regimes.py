@@ -109,3 +109,30 @@ def test_regime_chart_has_one_cell_per_load_and_deployment():
     spec = chart.to_dict()
     data = [d for d in spec["datasets"].values()]
     assert sorted(len(d) for d in data) == [1, 4]
+
+
+def test_goodput_judges_each_request_by_its_own_deadline_and_the_cost_by_its_class(rng):
+    """deadline="request" (default): D = 2 s + 0.1 s x xi per request; "class": the class D_i; the
+    cost's SLO term prices lateness against D_i either way."""
+    import numpy as np
+
+    from kvdro.sim import Deployment, simulate
+
+    n = 400
+    trace = pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 40, n)), "input_tokens": rng.integers(20, 300, n),
+                          "output_tokens": rng.geometric(1 / 200, n), "request_class": "c"})
+    dep = Deployment(groups=("TP2-PP1",))
+    own = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0))
+    cls = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), deadline="class")
+    req = own.requests
+    assert np.allclose(req["deadline_s"], 2.0 + 0.1 * trace["output_tokens"])
+    assert np.allclose(cls.requests["deadline_s"], cls.requests["slo_s"])
+    for r in (own, cls):
+        ok = (r.requests["e2e_s"] <= r.requests["deadline_s"]).sum()
+        assert r.metrics["goodput_rps"] == pytest.approx(ok / r.cost["horizon_s"])
+        assert r.metrics["slo_violation_rate"] == pytest.approx(1 - ok / len(trace))
+    assert own.cost["slo"] == pytest.approx(cls.cost["slo"]) and own.metrics["cost_total"] == pytest.approx(cls.metrics["cost_total"])
+    # a long request misses its class's deadline (the class mean) where its own is long enough
+    assert ((req["e2e_s"] > req["slo_s"]) & (req["e2e_s"] <= req["deadline_s"])).any()
+    with pytest.raises(ValueError, match="deadline"):
+        simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), deadline="paper")

@@ -36,13 +36,15 @@ from kvdro.sim.policies import ALL_POLICIES, Buffers, policy_buffers, request_bu
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
 from kvdro.sim.timing import MAX_HORIZON_S, PS_PER_S, StepClock
 
-__all__ = ["ENGINES", "READINGS", "SCHEDULES", "SimResult", "simulate", "check_trace"]
+__all__ = ["DEADLINES", "ENGINES", "READINGS", "SCHEDULES", "SimResult", "simulate", "check_trace"]
 
 ENGINES = ("fast", "fast-python", "reference")
 #: The two readings of a reservation (:mod:`kvdro.sim.scheduler`): admission control, or a cap.
 READINGS = ("soft", "hard")
 #: The waiting queue's orders: vLLM's FCFS, or shortest-output-first with aging (``simulate``).
 SCHEDULES = ("fcfs", "sof")
+#: The deadlines of goodput and SLO violation: each request's own (default), or its class's (6f).
+DEADLINES = ("request", "class")
 _TIDY = ("arrival_s", "input_tokens", "output_tokens", "request_class")
 
 
@@ -57,7 +59,9 @@ class SimResult:
             ``input_tokens``, ``output_tokens`` (trace), ``generated_tokens``, ``group``, ``engine``
             (-1 if not served), ``outcome`` (completed / truncated / rejected / ignored), ``buffer_tokens``
             (eta; NaN for ``vllm``), ``reserved_blocks``, ``admit_s``, ``first_token_s``, ``finish_s``,
-            ``wait_s`` (arrival to first admission), ``ttft_s``, ``tpot_s``, ``e2e_s``, ``slo_s``,
+            ``wait_s`` (arrival to first admission), ``ttft_s``, ``tpot_s``, ``e2e_s``, ``slo_s``
+            (the class deadline D_i of (6f), priced by the cost), ``deadline_s`` (the deadline of
+            goodput and SLO violation, ``simulate``'s ``deadline``),
             ``preemptions``, ``recomputed_tokens``, ``waste_tokens``, ``overflow_tokens``.
         engines: one row per micro-batch engine: group, config, blocks, requests, steps, busy share,
             mean running sequences, mean decode batch, mean KV use, peak KV use.
@@ -157,6 +161,7 @@ def simulate(
     eps_fraction: float = 0.15,
     reservation: str = "soft",
     safety_rules: bool = True,
+    deadline: str = "request",
     schedule: str = "fcfs",
     length_hint: np.ndarray | None = None,
     aging_s_per_token: float = 0.1,
@@ -187,6 +192,12 @@ def simulate(
             its free-block rule before every decode. ``False`` drops both for the reservation
             policies -- the package's behaviour before issue 15, kept **only** for chapter 7's
             before/after table; ``vllm`` always keeps them.
+        deadline: which deadline judges a request for ``goodput_rps`` and ``slo_violation_rate``
+            (:data:`DEADLINES`): ``"request"`` (default) D = 2 s + 0.1 s x that request's xi
+            (:func:`kvdro.workload.default_slo_s` of its own output length); ``"class"`` the
+            paper's per-class D_i of (6f) (``deployment.slo_s``, else the class's mean output),
+            kept as a sensitivity reading. The cost's SLO term always prices lateness against
+            the class D_i (:mod:`kvdro.sim.metrics`).
         schedule: the waiting queue's order inside vLLM's admission (:data:`SCHEDULES`):
             ``"fcfs"`` (default, vLLM's) or ``"sof"``, shortest-output-first with aging: requests
             never admitted wait in the order of the static key arrival_s + aging_s_per_token x hint
@@ -222,6 +233,8 @@ def simulate(
         raise ValueError(f"reservation: must be one of {READINGS}, got {reservation!r}")
     if not isinstance(safety_rules, bool):
         raise ValueError(f"safety_rules: must be True or False, got {safety_rules!r}")
+    if deadline not in DEADLINES:
+        raise ValueError(f"deadline: must be one of {DEADLINES}, got {deadline!r}")
     if record and engine != "reference":
         raise ValueError("record: a per-step trace needs engine='reference'")
     check_trace(trace)
@@ -375,6 +388,12 @@ def simulate(
 
             slo_map[c] = default_slo_s(float(xi[cls == i].mean()))
     slo = np.array([slo_map[c] for c in names])[cls]
+    if deadline == "request":
+        from kvdro.workload import DEFAULT_TPOT_SLO_S, DEFAULT_TTFT_SLO_S
+
+        due = DEFAULT_TTFT_SLO_S + DEFAULT_TPOT_SLO_S * xi.astype(float)
+    else:
+        due = slo
     finish_s = sec(finish)
     first_s = sec(first)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -399,6 +418,7 @@ def simulate(
         "tpot_s": tpot,
         "e2e_s": finish_s - np.where(done, a_s, np.nan),
         "slo_s": slo,
+        "deadline_s": due,
         "preemptions": pre,
         "recomputed_tokens": rec,
         "waste_tokens": np.where(done, np.maximum(0, capf - L - gen), 0),
