@@ -25,8 +25,8 @@ Both are also given per served request (``*_per_req``), the unit of the tables. 
 with c_w = 1 per token (c_p = rho, c_slo = 5 per second late, c_rej = 5000, c_gpu = 100 per GPU-second).
 
 Operating point. Every sweep runs in one *regime* (:mod:`kvdro.experiments.regimes`): ``"memory"``
-(4 x TP2-PP1 at 0.6 of the trace's rate, memory-bound; the primary test) or ``"light"`` (2 x TP4-PP1
-at 0.5, nothing binds; the contrast). ``load`` multiplies the trace's arrival rate (default: the
+(the regime map's memory-bound, stable point: 4 x TP2-PP1 at 0.7 of the trace's rate; the primary test) or ``"light"`` (2 x TP4-PP1
+at 0.6, nothing binds; the contrast), both chosen by :mod:`kvdro.sim.regimes`' rules. ``load`` multiplies the trace's arrival rate (default: the
 regime's). Plans (Table V, Figure 6) are made at the regime's load and deploy what the planner
 chooses. The SLO D_i of a class (the cost's lateness, (6f)) is fixed from its *training* outputs
 (:func:`kvdro.workload.default_slo_s`), so a shifted test trace is priced against the contract;
