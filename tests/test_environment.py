@@ -1,4 +1,10 @@
-"""The conda environment (Binder) and the pip package pin the same versions of the same packages."""
+"""The package's dependency ranges, the exact pins of constraints.txt and the conda environment agree.
+
+pyproject.toml gives *ranges* for the package's direct dependencies (so that `pip install kvdro` on
+Colab keeps a preinstalled numpy or pandas that fits) and exact pins for the extras; constraints.txt
+pins the whole tree for CI and the book; environment.yml (Binder) pins the same versions as
+constraints.txt. Every range must admit its constraints.txt pin.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,12 +31,17 @@ def _pins(requirements: list[str], where: str) -> dict[str, str]:
     return pins
 
 
-def pyproject_pins() -> dict[str, str]:
+def pyproject_requirements() -> dict[str, Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
-    for extra, items in project["optional-dependencies"].items():
+    for items in project["optional-dependencies"].values():
         reqs += items
-    return _pins(reqs, "pyproject.toml")
+    out = {}
+    for text in reqs:
+        req = Requirement(text)
+        assert req.specifier, f"pyproject.toml: {text!r} has no version range"
+        out[_normalise(req.name)] = req
+    return out
 
 
 def environment_pins() -> dict[str, str]:
@@ -44,16 +56,33 @@ def constraint_pins() -> dict[str, str]:
     return _pins(lines, "constraints.txt")
 
 
-def test_environment_yml_matches_pyproject():
-    py, env = pyproject_pins(), environment_pins()
+def test_environment_yml_lists_the_pyproject_packages():
+    py, env = pyproject_requirements(), environment_pins()
     assert sorted(set(py) - set(env)) == [], "in pyproject.toml but not environment.yml"
     assert sorted(set(env) - set(py)) == [], "in environment.yml but not pyproject.toml"
-    assert {k: v for k, v in py.items() if env[k] != v} == {}, "versions differ"
 
 
-def test_constraints_agree_with_direct_pins():
-    py, lock = pyproject_pins(), constraint_pins()
-    assert {k: (v, lock.get(k)) for k, v in py.items() if lock.get(k) != v} == {}
+def test_every_range_admits_the_constraints_pin():
+    py, lock = pyproject_requirements(), constraint_pins()
+    missing = sorted(k for k in py if k not in lock)
+    assert missing == [], f"no constraints.txt pin for {missing}"
+    bad = {k: (str(req.specifier), lock[k]) for k, req in py.items() if not req.specifier.contains(lock[k], prereleases=True)}
+    assert bad == {}, f"constraints.txt pins outside the pyproject.toml range: {bad}"
+
+
+def test_environment_yml_pins_equal_constraints():
+    env, lock = environment_pins(), constraint_pins()
+    assert {k: (v, lock.get(k)) for k, v in env.items() if lock.get(k) != v} == {}
+
+
+def test_package_ranges_admit_colab_like_versions():
+    """The direct dependencies are ranges, not pins: numpy 2.0 and pandas 2.2 (a Colab runtime of 2025)
+    fit, so pip keeps them; the extras stay exact (the kit's otter-grader==7.0.0 included)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = {_normalise(Requirement(t).name): Requirement(t) for t in project["dependencies"]}
+    assert deps["numpy"].specifier.contains("2.0.2") and deps["pandas"].specifier.contains("2.2.2")
+    assert not any(str(r.specifier).startswith("==") for r in deps.values()), "a direct dependency is pinned exactly"
+    assert "otter-grader==7.0.0" in project["optional-dependencies"]["dev"]
 
 
 def test_environment_python_matches_requires_python():

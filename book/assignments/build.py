@@ -83,8 +83,21 @@ def questions(master: Path) -> list[dict]:
 
 
 def _requirements() -> list[str]:
-    """kvdro's pinned direct dependencies (pyproject.toml), for the grading image of ``otter grade``."""
-    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    """kvdro's direct dependencies (pyproject.toml) at the exact versions of ``constraints.txt``, for the
+    grading image of ``otter grade`` (the package metadata gives ranges; the image must be reproducible)."""
+    from packaging.requirements import Requirement
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            pins[norm(name.strip())] = version.strip()
+    out = []
+    for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name = Requirement(text).name
+        out.append(f"{name}=={pins[norm(name)]}" if norm(name) in pins else text)
+    return out
 
 
 def _to_notebook(master: Path) -> nbformat.NotebookNode:
