@@ -33,9 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--classes", type=int, default=None, help="number of classes of a scaled instance")
     s.add_argument("--gpus", type=int, default=None, help="GPU budget J of a scaled instance")
     s.add_argument("--method", choices=sorted(METHODS), default="exact", help="solver / formulation (default exact)")
-    from kvdro.sim.cli import seed_arg
-
-    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the sample draw (default 0)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sample draw (default 0)")
     s.add_argument("--load", type=float, default=None, help="multiplier of the trace's arrival rates")
     s.add_argument("--serving", choices=("analytic", "calibrated"), default="analytic",
                    help="serving model: chapter 4's analytic one or the simulator-calibrated table (default analytic)")
@@ -72,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         from kvdro.sim.cli import run as _run_simulate
 
         return _run_simulate(args)
+    if args.seed < 0:
+        print(f"kvdro solve: --seed: must be a non-negative integer, got {args.seed}", file=sys.stderr)
+        return 2
     from kvdro.errors import SolverError
     from kvdro.joint import evaluate, paper_instance, solve_exact
     from kvdro.joint.objective import predict_serving

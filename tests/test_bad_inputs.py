@@ -410,7 +410,7 @@ def test_unreadable_csvs_name_the_file(tmp_path, capsys, content):
 def test_a_negative_seed_is_named(command, capsys):
     """Before: `simulate --seed -1` said "expected non-negative integer" (no --seed); solve said "seed: ..."."""
     code, err = _cli([*command, "--seed", "-1"], capsys)
-    assert code == 2 and "argument --seed: must be a non-negative integer, got '-1'" in err
+    assert code == 2 and "--seed: must be a non-negative integer, got -1" in err
 
 
 def _eta_functions():
