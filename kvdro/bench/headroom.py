@@ -33,7 +33,9 @@ def _write(frame: pd.DataFrame, name: str) -> Path:
 
 def per_workload(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, deployment): the largest goodput gain of oracle, best soft, DRO and exact over
-    all loads and over the stable loads, vLLM's largest recompute share, the bound's check."""
+    all loads, over the stable loads, and over the loads where its interval lies above 0 (0 if
+    none: a point estimate on a cell with almost no goodput is noise); vLLM's largest recompute
+    share and bound."""
     rows = []
     for (w, d), g in frame.groupby(["workload", "deployment"], sort=False):
         row = {"workload": w, "deployment": d, "max_recompute_share": float(g["recompute_share"].max()),
@@ -42,6 +44,8 @@ def per_workload(frame: pd.DataFrame) -> pd.DataFrame:
             row[f"{arm}_max_gain"] = float(g[f"{arm}_goodput_gain"].max())
             s = g[g["stable"]]
             row[f"{arm}_max_gain_stable"] = float(s[f"{arm}_goodput_gain"].max()) if len(s) else float("nan")
+            sig = g[g[f"{arm}_goodput_gain_lo"] > 0]
+            row[f"{arm}_max_gain_significant"] = float(sig[f"{arm}_goodput_gain"].max()) if len(sig) else 0.0
         rows.append(row)
     return pd.DataFrame(rows)
 
