@@ -96,3 +96,16 @@ def test_cached_map_is_complete_classified_and_the_bound_checked_on_every_cell()
     # where assumption (A) holds, the service-rate bound holds: the theorem on every cell
     holds = f["oracle_cost_ratio"] >= 1 - 1e-12
     assert (f.loc[holds, "oracle_service_gain"] <= f.loc[holds, "bound"] + 1e-9).all()
+
+
+def test_tidy_has_one_row_per_cell_and_policy():
+    f = pd.DataFrame([{"workload": "w", "deployment": "d", "load": 0.5, "stable": True, "memory_bound": False, "regime": "light",
+                       "preemptions": 0, "recompute_share": 0.0, "bound": 0.0, "engine_bound": 0.0, "goodput_rps": 1.0,
+                       "slo_violation": 0.1,
+                       **{f"{a}_{m}_gain{s}": v for a in ("oracle", "exact", "best", "dro") for m in ("goodput", "slo", "ttft_p99")
+                          for s, v in (("", 0.1), ("_lo", 0.0), ("_hi", 0.2))}}])
+    t = h.tidy(f)
+    assert len(t) == 4 and set(t["policy"]) == {"oracle", "exact", "best soft", "dro"}
+    assert (t["goodput_gain"] == 0.1).all() and (t["ttft_p99_hi"] == 0.2).all()
+    with pytest.raises(FileNotFoundError, match="bench headroom"):
+        h.load_headroom("/nonexistent/headroom.csv")

@@ -54,6 +54,9 @@ __all__ = [
     "SCHEDULE_ARMS",
     "headroom",
     "headroom_cell",
+    "load_headroom",
+    "load_scheduling",
+    "tidy",
     "run_stats",
     "summary",
     "workload_halves",
@@ -497,3 +500,50 @@ def scheduling(*, arms=SCHEDULE_ARMS, seed: int = 0, n_jobs=None, progress: bool
                            "light" if d == regimes.OPERATING_POINTS["light"].deployment_label else "memory-bound, stable"
                            for d, x in zip(df["deployment"], df["load"])])
     return df
+
+
+# ------------------------------------------------------------------------------------------------ cached results
+def _data_dir():
+    from kvdro.sim.studies import DATA_DIR
+
+    return DATA_DIR
+
+
+def load_headroom(path=None) -> pd.DataFrame:
+    """The cached map (``data/headroom.csv``, one row per workload x deployment x load, the policies
+    side by side); FileNotFoundError says how to make it."""
+    from pathlib import Path
+
+    p = _data_dir() / "headroom.csv" if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no cached headroom map; run `python -m kvdro.bench headroom --parts map`")
+    return pd.read_csv(p)
+
+
+def load_scheduling(path=None) -> pd.DataFrame:
+    """The cached scheduling contrast (``data/headroom_scheduling.csv``, one row per point x arm)."""
+    from pathlib import Path
+
+    p = _data_dir() / "headroom_scheduling.csv" if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no cached scheduling study; run `python -m kvdro.bench headroom --parts scheduling`")
+    return pd.read_csv(p)
+
+
+def tidy(frame: pd.DataFrame) -> pd.DataFrame:
+    """The map in long form: one row per (workload, deployment, load, policy) with ``policy`` in
+    oracle / exact / best soft / dro and, per metric (goodput, slo, ttft_p99), the gain and its
+    interval (``goodput_gain``, ``goodput_lo``, ``goodput_hi``, ...), beside the cell's regime
+    columns, vLLM's recompute share and the bound."""
+    keep = ["workload", "deployment", "load", "stable", "memory_bound", "regime", "preemptions", "recompute_share",
+            "bound", "engine_bound", "goodput_rps", "slo_violation"]
+    rows = []
+    for arm, label in (("oracle", "oracle"), ("exact", "exact"), ("best", "best soft"), ("dro", "dro")):
+        part = frame[[c for c in keep if c in frame.columns]].copy()
+        part.insert(3, "policy", label)
+        for m in ("goodput", "slo", "ttft_p99"):
+            part[f"{m}_gain"] = frame[f"{arm}_{m}_gain"]
+            part[f"{m}_lo"] = frame[f"{arm}_{m}_gain_lo"]
+            part[f"{m}_hi"] = frame[f"{arm}_{m}_gain_hi"]
+        rows.append(part)
+    return pd.concat(rows, ignore_index=True)
