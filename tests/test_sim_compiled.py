@@ -95,16 +95,19 @@ def test_conversation_trace_three_engines(conv, policy, reading, scale, prefix):
         dep = default_deployment(config="TP2-PP1")
     tr = conv.assign(arrival_s=conv["arrival_s"] / scale)
     kw = dict(policy=policy, deployment=dep, reservation=reading)
-    fast = simulate(tr, rng=np.random.default_rng(0), engine="fast", **kw)
     python = simulate(tr, rng=np.random.default_rng(0), engine="fast-python", **kw)
-    assert fast.requests.equals(python.requests)
-    for a, b in zip(python.outputs, fast.outputs):
+    configs = [g for g in dep.groups for _ in range(g.pp)]
+    compiled = [run_compiled(spec, inp, CLOCK.shared(dep.model, dep.gpu, cfg))
+                for spec, inp, cfg in zip(python.specs, python.inputs, configs)]
+    for a, b in zip(python.outputs, compiled):
         assert_same(a, b, policy)
+    fast = simulate(tr, rng=np.random.default_rng(0), engine="fast", **kw)  # whichever engine run_auto picks
+    assert fast.requests.equals(python.requests)
     if policy == "mean":  # the slow engine once, on an overloaded hard-capped run
         ref = simulate(tr, rng=np.random.default_rng(0), engine="reference", **kw)
-        assert ref.requests.equals(fast.requests)
+        assert ref.requests.equals(python.requests)
         assert sum(o.preemptions.sum() for o in ref.outputs) > 0
-        for a, b in zip(ref.outputs, fast.outputs):
+        for a, b in zip(ref.outputs, compiled):
             assert_same(a, b, "reference")
 
 
@@ -152,3 +155,31 @@ def test_conversation_trace_oracle_and_key_order(conv):
             assert_same(a, b, f"lookahead={s.lookahead}, sof={i.queue_key is not None}")
             assert a.preemptions.sum() == 0 or not s.lookahead
     assert sum(int(o.preemptions.sum()) for o in r.outputs) > 0  # vLLM itself preempts here
+
+
+def test_fast_engine_switches_to_compiled_after_enough_requests():
+    """engine='fast' (run_auto): a fresh process serves its first SWITCH_REQUESTS requests with the
+    Python engine (numba not even imported), then the compiled one; the same numbers either way."""
+    code = (
+        "import sys, numpy as np\n"
+        "from test_sim_engines import CLOCK\n"
+        "from kvdro.sim import engine_compiled as ec\n"
+        "from kvdro.sim.engine_reference import run_reference\n"
+        "from kvdro.sim.scheduler import EngineInput, EngineSpec\n"
+        "ec.SWITCH_REQUESTS = 50\n"
+        "rng = np.random.default_rng(2); n = 30\n"
+        "spec = EngineSpec(blocks=30, watermark_blocks=1, max_num_seqs=6, token_budget=300, free_block_rule=True)\n"
+        "inp = EngineInput(arrival_ps=np.zeros(n, dtype=np.int64), prompt=rng.integers(5, 60, n), output=rng.integers(1, 80, n),"
+        " reserve_blocks=np.zeros(n, dtype=np.int64), prefix_key=np.full(n, -1), shared_blocks=np.zeros(n, dtype=np.int64))\n"
+        "ref = run_reference(spec, inp, CLOCK)\n"
+        "seen = []\n"
+        "for _ in range(3):\n"
+        "    out = ec.run_auto(spec, inp, CLOCK)\n"
+        "    assert out.totals() == ref.totals() and np.array_equal(out.finish_ps, ref.finish_ps)\n"
+        "    seen.append(('numba' in sys.modules, ec._served_by_python))\n"
+        "print(seen)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(False, 30), (True, 30), (True, 30)]"

@@ -340,7 +340,7 @@ def simulate(
     from kvdro.sim.engine_reference import run_reference
 
     if engine == "fast":
-        from kvdro.sim.engine_compiled import run_compiled as run_fast
+        from kvdro.sim.engine_compiled import run_auto as run_fast  # compiled, unless the process has run little
     elif engine == "fast-python":
         from kvdro.sim.engine_fast import run_fast
 
