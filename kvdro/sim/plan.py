@@ -70,9 +70,11 @@ def simulate_solution(instance, solution, trace: pd.DataFrame, *, seed: int = 0)
     solution.check(instance)
     costs = {"c_p": instance.c_p, "c_w": instance.c_w, "c_slo": instance.c_slo, "c_rej": instance.c_rej,
              "c_gpu": instance.c_gpu}
+    # deadline="class": the plan's own goodput prediction (and the SLO term (6f) it priced) judges a
+    # request by its class's D_i, so the engine's goodput is read the same way here (chapter 11).
     return simulate(trace, policy="dro", buffers=buffers_from_solution(instance, solution),
                     deployment=deployment_from_solution(instance, solution), rho=instance.c_p / instance.c_w,
-                    costs=costs, rng=np.random.default_rng([int(seed), 4]))
+                    costs=costs, rng=np.random.default_rng([int(seed), 4]), deadline="class")
 
 
 def observed(instance, result: SimResult) -> dict:
