@@ -793,7 +793,9 @@ def save_class_models(models: Sequence[ClassModel], path: str | os.PathLike[str]
     if meta is not None and not isinstance(meta, Mapping):
         raise ValueError(f"meta: must be a mapping or None, got {type(meta).__name__}")
     payload = {"meta": dict(meta or {}), "classes": [m.to_dict() for m in models]}
-    Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    from kvdro.cachefile import write_text_atomic
+
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def load_class_models(path: str | os.PathLike[str]) -> tuple[ClassModel, ...]:

@@ -147,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         frames = run(args.experiment, quick=args.quick, n_jobs=args.n_jobs, progress=not args.json, regime=regime)
         summary, verdicts = summarise(args.experiment, frames, regime)
     if args.write:
+        from kvdro.cachefile import write_csv_atomic
+
         for key, df in frames.items():
-            df.to_csv(csv_path(f"{key}_{regime}"), index=False, float_format="%.6g")
+            write_csv_atomic(df, csv_path(f"{key}_{regime}"), float_format="%.6g")
             print(f"wrote {csv_path(f'{key}_{regime}')} ({len(df)} rows)", file=sys.stderr)
     if args.json:
         rows = [dict(r, sweep=key) for key, df in frames.items() for r in _records(df)]
