@@ -523,3 +523,24 @@ def test_table5_routing_cannot_be_checked_when_the_plan_is_the_same():
     assert out[0].verdict == "cannot be checked" and "identical" in out[0].reason
     assert out[1].verdict == "holds partly"  # +20%: worse beyond noise, but under half the paper's +85%
     assert out[2].verdict == "holds"  # P99 ten bins up (~ x 3.6) against the paper's +22%
+
+
+def test_class_deadline_is_a_sensitivity_of_the_engine_reading_only():
+    df = _t2({2: 0.4, 10: 0.5, 100: 0.6})
+    df["blk_good_class"] = df["blk_good"]
+    df.loc[df.policy == "dro", "blk_good_class"] = unc.encode(np.full(unc.N_BLOCKS, 1.0))  # DRO misses its class D_i
+    v_own = verdicts.table2_verdict(df)
+    v_cls = verdicts.table2_verdict(df.assign(blk_good=df["blk_good_class"]))
+    assert v_own.verdict == v_cls.verdict == "holds"
+    assert v_own.engine_verdict == "holds" and v_cls.engine_verdict == "does not hold"
+    with pytest.raises(ValueError, match="deadline"):
+        verdicts.verdicts("memory", {}, deadline="paper")
+
+
+def test_cli_verdicts_class_deadline(data_dir):
+    env = dict(os.environ, KVDRO_DATA_DIR=str(data_dir))
+    out = subprocess.run([sys.executable, "-m", "kvdro.experiments", "verdicts", "--regime", "memory", "--json", "--deadline", "class"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=True)
+    payload = json.loads(out.stdout)
+    assert [v["claim"] for v in payload] == list(verdicts.CLAIMS)
+    assert all(v["engine_verdict"] in verdicts.VERDICTS + (verdicts.NO_ENGINE,) for v in payload)

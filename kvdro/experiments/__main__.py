@@ -10,7 +10,8 @@ has one object per simulation (NaN as null; each carries ``preemptions`` and
 two readings (:mod:`kvdro.experiments.verdicts`) and, with ``--json``, prints a list of ``{claim,
 regime, verdict, reason, engine_verdict, engine_reason, preemptions, kv_utilisation_mean}`` --
 ``verdict``/``reason`` the paper's accounting, ``engine_*`` the engine's goodput reading -- (both
-regimes unless ``--regime`` is given). ``--quick`` runs a reduced sweep (one trace,
+regimes unless ``--regime`` is given); ``--deadline class`` judges the engine reading's goodput by
+the class deadline D_i (the paper's SLO, a sensitivity reading). ``--quick`` runs a reduced sweep (one trace,
 one seed, the first five minutes of the test part) fit for tests; ``--write`` (full sweeps only)
 saves the rows to ``data/experiments_<name>.csv``, the cached results the chapter reads.
 Results are cached on disk (``$KVDRO_CACHE_DIR``, default ``_build/kvdro-cache``); ``--no-cache``
@@ -103,13 +104,13 @@ def _records(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _verdicts(regime: str | None, *, as_json: bool) -> int:
+def _verdicts(regime: str | None, *, as_json: bool, deadline: str = "request") -> int:
     """Every claim's verdict from the cached sweeps, in ``regime`` or both."""
     from kvdro.experiments import verdicts as v
     from kvdro.experiments.regimes import REGIMES
 
     with fd1_redirected("stderr"):
-        out = [x for r in ((regime,) if regime else REGIMES) for x in v.verdicts(r)]
+        out = [x for r in ((regime,) if regime else REGIMES) for x in v.verdicts(r, deadline=deadline)]
     if as_json:
         print(json.dumps(_records(pd.DataFrame([x.as_row() for x in out])), indent=1))
         return 0
@@ -130,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--write", action="store_true", help="save the rows to data/experiments_<name>.csv (full sweep only)")
     parser.add_argument("--no-cache", action="store_true", help="recompute every cell")
+    parser.add_argument("--deadline", choices=("request", "class"), default="request",
+                        help="verdicts: the engine reading's goodput by each request's deadline (default) or its class's D_i")
     args = parser.parse_args(argv)
     if args.experiment == "verdicts":
-        return _verdicts(args.regime, as_json=args.json)
+        return _verdicts(args.regime, as_json=args.json, deadline=args.deadline)
     regime = args.regime or "memory"
     if args.write and args.quick:
         parser.error("--write saves the full sweep; drop --quick")
