@@ -256,6 +256,10 @@ def choose_operating_points(frame: pd.DataFrame, trace: str = "conversation") ->
         near = f[f["stable"] & uniform & (f["preemptions"] > 0)]
         if near.empty:
             near = f[f["stable"] & uniform]
+        if near.empty:  # nothing stable: the lowest load of a one-configuration deployment
+            near = f[uniform].sort_values("load", kind="stable").iloc[:1]
+        if near.empty:
+            raise ValueError("frame: no cell on a deployment of one configuration")
         row = near.sort_values(["kv_mean", "load"], ascending=[False, True], kind="stable").iloc[0]
         points["memory"] = _point("memory", row, False)
     light = f[(f["deployment"] == "2 x TP4-PP1") & f["light"]]
