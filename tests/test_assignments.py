@@ -136,6 +136,15 @@ def test_written_questions_have_a_rubric_and_pdfs(kit, name):
     assert pdfs[f"{name}-written-solutions.pdf"].stat().st_size > pdfs[f"{name}-written.pdf"].stat().st_size
 
 
+def test_written_pdf_page_has_the_local_fonts_and_braced_accents(kit):
+    """The xi-hat of the written questions: the page printed to PDF loads MathJax with the STIX-Web fonts it
+    ships (not the missing TeX web font, whose fallback set the hat apart as a stray "^"), and a bare
+    accent is braced (\\hat{\\xi})."""
+    html = build.written_html(kit / "a2_wasserstein" / "autograder" / "a2_wasserstein.ipynb")
+    assert build.MATHJAX_FONTS in html and html.index(build.MATHJAX_FONTS) < html.index("MathJax.js")
+    assert "\\hat{\\xi}" in html and "\\hat\\xi" not in html
+
+
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_first_code_cell_installs_kvdro_only_where_missing(kit, name, tmp_path, monkeypatch):
     """Colab: the first code cell of the master and of the student notebook (before otter's ``import otter``)

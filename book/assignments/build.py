@@ -139,18 +139,38 @@ def _local_mathjax() -> str:
     return js.as_uri() + "?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
 
-def written_pdf(notebook: Path, pdf: Path, browser: str) -> Path:
-    """Print the manually graded questions of ``notebook`` (otter's filtering) to ``pdf`` with ``browser``."""
+#: MathJax settings of the written-question PDFs, before MathJax loads: the local MathJax ships the
+#: STIX-Web fonts only (the book's own setting, ``book/_ext``). nbconvert leaves HTML-CSS at its default
+#: TeX web font, which is missing, and the fallback set accents apart from their letters: the hat of
+#: xi-hat printed as a stray "^" beside the xi.
+MATHJAX_FONTS = (
+    '<script type="text/x-mathjax-config">MathJax.Hub.Config({"HTML-CSS": {availableFonts: [], '
+    'preferredFont: null, webFont: "STIX-Web", imageFont: null}, SVG: {font: "STIX-Web"}});</script>'
+)
+
+
+def written_html(notebook: Path) -> str:
+    """The manually graded questions of ``notebook`` (otter's filtering) as one HTML page with a local MathJax."""
     import nbconvert
     from otter.export.exporters.base_exporter import BaseExporter
 
     nb = BaseExporter.load_notebook(str(notebook), filtering=True, pagebreaks=True)
     if not nb.cells:
         raise ValueError(f"{notebook}: no manually graded question to export")
+    for cell in nb.cells:  # an accent on a bare command (\hat\xi) is read the same braced; braced is safer
+        if cell.cell_type == "markdown":
+            cell.source = re.sub(r"\\(hat|bar|tilde)\\([A-Za-z]+)", r"\\\1{\\\2}", cell.source)
     exporter = nbconvert.HTMLExporter(template_name="classic", exclude_input_prompt=True, exclude_output_prompt=True)
     exporter.mathjax_url = _local_mathjax()
     body, _ = exporter.from_notebook_node(nb)
-    body = body.replace("</head>", "<style>body { margin: 0 1cm; }</style></head>", 1)
+    head = body.index("<head>") + len("<head>")
+    body = body[:head] + MATHJAX_FONTS + body[head:]
+    return body.replace("</head>", "<style>body { margin: 0 1cm; }</style></head>", 1)
+
+
+def written_pdf(notebook: Path, pdf: Path, browser: str) -> Path:
+    """Print the manually graded questions of ``notebook`` (otter's filtering) to ``pdf`` with ``browser``."""
+    body = written_html(notebook)
     with tempfile.TemporaryDirectory() as tmp:
         html = Path(tmp) / f"{notebook.stem}.html"
         html.write_text(body, encoding="utf-8")

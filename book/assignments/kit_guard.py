@@ -47,12 +47,15 @@ def forbidden_objects(*targets: str) -> dict[int, str]:
             obj = getattr(importlib.import_module(module_name), attr)
             out[id(obj)] = target
             continue
-        for attr, obj in vars(module).items():
-            if attr.startswith("_") or not callable(obj) or isinstance(obj, type):
-                continue
-            home = getattr(obj, "__module__", None) or ""
-            if home == module.__name__ or home.startswith(module.__name__ + "."):  # a package: its modules too
-                out[id(obj)] = f"{module.__name__}.{attr}"
+        # a package: its loaded modules too (a notebook that imported one has loaded it in this process)
+        family = [m for name, m in list(sys.modules.items()) if name == target or name.startswith(target + ".")]
+        for mod in family:
+            for attr, obj in vars(mod).items():
+                if attr.startswith("_") or not callable(obj) or isinstance(obj, type):
+                    continue
+                home = getattr(obj, "__module__", None) or ""
+                if home == target or home.startswith(target + "."):
+                    out.setdefault(id(obj), f"{home}.{attr}")
     return out
 
 
