@@ -65,6 +65,25 @@ def _report(instance, solution, ev) -> str:
     return "\n".join(lines)
 
 
+def _check_solve_args(args: argparse.Namespace) -> None:
+    """ValueError naming the argument of ``solve`` that is wrong, with nothing imported but argparse's
+    results: --classes/--gpus (only, and both, with ``--instance scaled``; each >= 1), --load > 0,
+    --time-limit > 0 (the same rules as :func:`kvdro.bcd.scaling.scaled_instance`,
+    :func:`kvdro.joint.paper_instance` and :func:`kvdro.joint.solve_exact`, which check them again)."""
+    if args.instance == "scaled":
+        if args.classes is None or args.gpus is None:
+            raise ValueError("--classes and --gpus: both are needed with --instance scaled")
+        for flag, name, value in (("--classes", "n_classes", args.classes), ("--gpus", "total_gpus", args.gpus)):
+            if value < 1:
+                raise ValueError(f"{flag}: {name} must be an integer >= 1, got {value}")
+    elif args.classes is not None or args.gpus is not None:
+        raise ValueError(f"--classes/--gpus: only with --instance scaled, not {args.instance!r}")
+    if args.load is not None and not (math.isfinite(args.load) and args.load > 0):
+        raise ValueError(f"--load: must be a positive multiplier of the arrival rates, got {args.load!r}")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise ValueError(f"--time-limit: must be a positive number of seconds, got {args.time_limit!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kvdro`` console script."""
     args = _parser().parse_args(argv)
@@ -75,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed < 0:
         print(f"kvdro solve: --seed: must be a non-negative integer, got {args.seed}", file=sys.stderr)
         return 2
+    try:  # a bad command line is refused before cvxpy, the traces or a solver is loaded
+        _check_solve_args(args)
+    except ValueError as exc:
+        print(f"kvdro solve: {exc}", file=sys.stderr)
+        return 2
     from kvdro.errors import SolverError
     from kvdro.joint import evaluate, paper_instance, solve_exact
     from kvdro.joint.objective import predict_serving
@@ -82,14 +106,10 @@ def main(argv: list[str] | None = None) -> int:
 
     kwargs = {} if args.load is None else {"load": args.load}
     try:
-        if args.instance == "scaled":  # chapter 6's family of any size
-            if args.classes is None or args.gpus is None:
-                raise ValueError("--classes and --gpus: both are needed with --instance scaled")
+        if args.instance == "scaled":  # chapter 6's family of any size (--classes, --gpus checked above)
             from kvdro.bcd.scaling import scaled_instance
 
             instance = scaled_instance(args.classes, args.gpus, args.seed, serving=args.serving, **kwargs)
-        elif args.classes is not None or args.gpus is not None:
-            raise ValueError(f"--classes/--gpus: only with --instance scaled, not {args.instance!r}")
         else:
             instance = paper_instance(args.instance, args.seed, serving=args.serving, **kwargs)
         with fd1_redirected("stderr"):

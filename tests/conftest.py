@@ -43,3 +43,75 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(20261129)
+
+
+# ------------------------------------------------------------------ shared runs of the command line
+#
+# Several tests read the output of the same expensive command (a solve of the small instance, a
+# calibrated plan and its simulation, a scaled exact/BCD pair). Each such command runs once per test
+# session (per pytest-xdist worker) in a fresh process, and every test that needs it reads the same
+# CompletedProcess: the assertions are the tests' own, only the duplicate runs are gone. Nothing is
+# written to a fixed path: a run that needs a folder gets its own from tmp_path_factory.
+
+
+@pytest.fixture(scope="session")
+def cli(data_dir, tmp_path_factory):
+    """``cli("-m", "kvdro", "solve", ...)``: the CompletedProcess of ``python <args>`` run once per
+    session in a fresh process with ``KVDRO_DATA_DIR`` set (stdout and stderr captured, text).
+
+    ``fresh_cache=True`` also points ``KVDRO_CACHE_DIR`` at an empty folder of its own, so that a
+    sweep computes every cell (as ``python -m kvdro.experiments ... --quick`` from a clean clone)."""
+    import subprocess
+    import sys
+
+    runs: dict[tuple, subprocess.CompletedProcess] = {}
+
+    def run(*args: str, fresh_cache: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+        key = (args, fresh_cache)
+        if key not in runs:
+            env = {**os.environ, "KVDRO_DATA_DIR": str(data_dir)}
+            if fresh_cache:
+                env["KVDRO_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvdro-cache"))
+            runs[key] = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                                       env=env)
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def small_solve(cli):
+    """``small_solve("exact"|"bcd"|..., serving="analytic")``: ``python -m kvdro solve --instance small
+    --method M --serving S --seed 0 --json``, run once per session (see :func:`cli`)."""
+
+    def run(method: str, serving: str = "analytic"):
+        return cli("-m", "kvdro", "solve", "--instance", "small", "--method", method, "--serving", serving,
+                   "--seed", "0", "--json")
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def scaled_solve(cli):
+    """``scaled_solve("exact"|"bcd")``: ``python -m kvdro solve --instance scaled --classes 3 --gpus 16
+    --method M --seed 1 --json`` (a chapter 6 cell), run once per session (see :func:`cli`)."""
+
+    def run(method: str):
+        return cli("-m", "kvdro", "solve", "--instance", "scaled", "--classes", "3", "--gpus", "16",
+                   "--method", method, "--seed", "1", "--json")
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def calibrated_plan_run(cli, small_solve, tmp_path_factory):
+    """The calibrated plan of the small instance (``small_solve("exact", serving="calibrated")``) and
+    ``python -m kvdro simulate --plan <it> --seed 0 --json`` (progress bar on, to stderr): a pair of
+    CompletedProcess. The plan file (the solve's stdout as it is) is in a folder of its own; if the
+    solve failed, the simulation is None (the test that reads the solve reports why)."""
+    solve = small_solve("exact", serving="calibrated")
+    if solve.returncode != 0:
+        return solve, None
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    path.write_text(solve.stdout)
+    return solve, cli("-m", "kvdro", "simulate", "--plan", str(path), "--seed", "0", "--json")

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from kvdro.__main__ import main
 
 
-def test_cli_solve_json(data_dir):
-    env_dir = str(data_dir)
-    out = subprocess.run(
-        [sys.executable, "-m", "kvdro", "solve", "--instance", "small", "--method", "exact", "--seed", "0", "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KVDRO_DATA_DIR": env_dir},
-        timeout=300,
-        check=True,
-    )
+def test_cli_solve_json(small_solve):
+    out = small_solve("exact")  # a fresh process, run once per session (conftest.py)
+    assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)  # stdout is pure JSON (HiGHS's banner goes to stderr)
     sol, cost = payload["solution"], payload["cost"]
     assert sol["status"] == "optimal"
