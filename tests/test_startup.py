@@ -56,3 +56,21 @@ def test_simulate_cli_imports_no_solver(data_dir):
              f"print('LOADED', ' '.join(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=300).stdout
     assert '"completed"' in out and out.strip().splitlines()[-1] == "LOADED"
+
+
+def test_numba_is_imported_only_for_the_compiled_engine(data_dir):
+    """numba (~0.2-0.8 s to import) is loaded by the compiled engine's first use, not by ``import
+    kvdro.sim`` nor by a small simulation (kvdro.sim.engine_compiled.run_auto); the probe does see
+    it once the compiled engine runs."""
+    pytest.importorskip("numba")
+    probe = ("import sys, numpy as np, kvdro.sim\n"
+             "from kvdro.datasets import load_trace\n"
+             "seen = ['numba' in sys.modules]\n"
+             "r = kvdro.sim.simulate(load_trace('azure-2023-conv').head(500), policy='vllm', rng=np.random.default_rng(0))\n"
+             "seen.append('numba' in sys.modules)\n"
+             "from kvdro.sim.engine_compiled import run_compiled\n"
+             "run_compiled(r.specs[0], r.inputs[0], kvdro.sim.timing.StepClock.shared(r.deployment.model, r.deployment.gpu, r.deployment.groups[0]))\n"
+             "seen.append('numba' in sys.modules)\n"
+             "print(*seen)\n")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=600).stdout.split()
+    assert out == ["False", "False", "True"]
