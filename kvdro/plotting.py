@@ -158,17 +158,19 @@ def headroom_chart(frame, *, arms: tuple[str, ...] = HEADROOM_ARMS, threshold: f
     """The headroom map (``data/headroom.csv``, :mod:`kvdro.experiments.headroom`): one row per
     (workload, deployment), one column per load; each cell coloured by the largest goodput gain over
     vLLM of the policies ``arms`` (``{arm}_goodput_gain``: the oracle, exact pre-allocation, the best
-    soft reservation, DRO) and labelled with it in %; cells whose queue grows (``stable`` False)
-    are faded. The colour bins put ``threshold`` (5 %) on a boundary."""
+    soft reservation, DRO) that lies beyond noise (its paired interval, ``{arm}_goodput_gain_lo`` > 0;
+    otherwise 0), labelled with it in %; cells whose queue grows (``stable`` False) are faded. The
+    colour bins put ``threshold`` (5 %) on a boundary."""
     import numpy as np
     import pandas as pd
 
-    need = {"workload", "deployment", "load", "stable", *(f"{a}_goodput_gain" for a in arms)}
+    need = {"workload", "deployment", "load", "stable", *(f"{a}_goodput_gain{s}" for a in arms for s in ("", "_lo"))}
     missing = need - set(frame.columns)
     if missing:
         raise ValueError(f"frame: missing columns {sorted(missing)}")
     f = pd.DataFrame(frame).copy()
-    gains = f[[f"{a}_goodput_gain" for a in arms]]
+    # a gain counts only beyond noise: its paired 95 % interval lies above zero (else 0)
+    gains = pd.DataFrame({f"{a}_goodput_gain": f[f"{a}_goodput_gain"].where(f[f"{a}_goodput_gain_lo"] > 0, 0.0) for a in arms})
     f["best gain"] = gains.max(axis=1)
     f["by"] = gains.idxmax(axis=1).str.replace("_goodput_gain", "", regex=False)
     f["label"] = (100 * f["best gain"]).round().astype(int).map(lambda v: f"{v:+d}")
@@ -193,4 +195,4 @@ def headroom_chart(frame, *, arms: tuple[str, ...] = HEADROOM_ARMS, threshold: f
                  *[alt.Tooltip(f"{a}_goodput_gain:Q", format="+.1%", title=a) for a in arms]])
     text = base.mark_text(fontSize=10).encode(text="label:N")
     return alt.layer(cells, text).properties(width=WIDTH, height=20 * len(rows),
-                                             title="Largest goodput gain over vLLM (%); faded: the queue grows")
+                                             title="Largest goodput gain over vLLM beyond noise (%); faded: the queue grows")
