@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev,sharegpt]"
+	$(BIN)/python -c "from kvdro.sim.engine_compiled import warm_up; warm_up()"  # numba's cache, once
 	touch $(STAMP)
 
 install: $(STAMP)

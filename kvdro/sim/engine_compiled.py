@@ -60,7 +60,7 @@ from kvdro.sim.timing import StepClock
 #: numba is installed (checked without importing it: its import alone costs ~0.2-0.8 s).
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
-__all__ = ["HAVE_NUMBA", "KMAX", "SUPPORTS_ORACLE", "SWITCH_REQUESTS", "run_auto", "run_compiled"]
+__all__ = ["HAVE_NUMBA", "KMAX", "SUPPORTS_ORACLE", "SWITCH_REQUESTS", "run_auto", "run_compiled", "warm_up"]
 
 #: The compiled engine runs the oracle's look-ahead and a key-ordered waiting queue
 #: (:mod:`kvdro.sim.scheduler`) itself; ``simulate`` routes them here when True.
@@ -190,3 +190,22 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
     if progress is not None:
         progress.update(int((out.finish_ps >= 0).sum()))
     return out
+
+
+def warm_up() -> bool:
+    """Compile the kernels into numba's on-disk cache now (``make install`` calls it once), so that no
+    later process -- two pytest-xdist workers, a chapter's kernel -- pays the ~15 CPU s compilation
+    or compiles the same kernels at the same time. Runs 20 tiny requests; returns whether numba is
+    there to compile."""
+    if not HAVE_NUMBA:
+        return False
+    from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
+
+    clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
+    spec = EngineSpec(blocks=40, watermark_blocks=1, max_num_seqs=8, token_budget=400, free_block_rule=True)
+    n = 20
+    zeros = np.zeros(n, dtype=np.int64)
+    inp = EngineInput(arrival_ps=zeros, prompt=np.full(n, 30, dtype=np.int64), output=np.full(n, 40, dtype=np.int64),
+                      reserve_blocks=zeros, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=zeros)
+    run_compiled(spec, inp, clock)
+    return True
