@@ -46,7 +46,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the routing draw (default 0)")
     s.add_argument("--scale", type=float, default=1.0, help="multiplier of the arrival rate (default 1)")
     s.add_argument("--max-model-len", type=int, default=None, help="context window in tokens (default 16384; Llama-2: 4096)")
-    s.add_argument("--engine", choices=("fast", "reference"), default="fast", help="simulation engine (default fast)")
+    s.add_argument("--engine", choices=("fast", "fast-python", "reference"), default="fast",
+                   help="simulation engine: fast (compiled event jumps), fast-python (the same in Python), reference (step by step)")
     s.add_argument("--reservation", choices=("soft", "hard"), default="soft",
                    help="reading of a reservation: soft = admission control (default), hard = a cap (preempt at the "
                         "reservation, re-admit with a doubled buffer); ignored for vllm")
