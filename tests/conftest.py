@@ -115,3 +115,16 @@ def calibrated_plan_run(cli, small_solve, tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "plan.json"
     path.write_text(solve.stdout)
     return solve, cli("-m", "kvdro", "simulate", "--plan", str(path), "--seed", "0", "--json")
+
+
+@pytest.fixture(scope="session")
+def small_exact(data_dir):
+    """``(instance, solution)``: the small paper instance at seed 0 (analytic serving) and its proven
+    optimum by :func:`kvdro.joint.solve_exact` (default formulation), solved once per session for the
+    tests that read it. Read-only: a test that changes the routing or buffers works on a copy."""
+    from kvdro.joint import paper_instance, solve_exact
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVDRO_DATA_DIR", str(data_dir))
+        inst = paper_instance("small", 0)
+        return inst, solve_exact(inst)

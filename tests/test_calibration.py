@@ -103,7 +103,7 @@ def test_adding_a_group_shortens_residence(small):
     assert np.array_equal(residence_at(ana, e1.utilisation, d), residence_at(ana, e2.utilisation, d))
 
 
-def test_exact_and_bcd_read_the_calibrated_model(small):
+def test_exact_and_bcd_read_the_calibrated_model(small, small_exact):
     from kvdro.bcd import solve_bcd
 
     ex = solve_exact(small)
@@ -111,7 +111,7 @@ def test_exact_and_bcd_read_the_calibrated_model(small):
     assert ex.status == "optimal" and ev.feasible
     assert ex.mip_gap <= 1e-6 and ex.lower_bound <= ex.objective * (1 + 1e-9)
     assert ev.total == pytest.approx(ex.objective, rel=1e-6)  # the MILP optimised the calibrated model
-    ana = solve_exact(paper_instance("small", 0))
+    _, ana = small_exact  # solve_exact(paper_instance("small", 0)): the analytic model's optimum
     assert evaluate(small, ana).total >= ev.total * (1 - 1e-7)  # the analytic plan is no better under it
     bcd = solve_bcd(small)
     assert evaluate(small, bcd).total >= ev.total * (1 - 1e-6)
@@ -137,19 +137,20 @@ def test_loop_validates(small):
         calibration_loop(small, trace=trace, max_iter=0)
 
 
-def test_solve_then_simulate_plan_cli(data_dir, tmp_path, capsys):
+def test_solve_then_simulate_plan_cli(calibrated_plan_run, tmp_path, capsys):
+    """``solve --serving calibrated --json`` then ``simulate --plan`` (fresh processes, run once per
+    session: conftest.py), and the plan errors of ``simulate`` in this process."""
     from kvdro.__main__ import main
 
-    assert main(["solve", "--instance", "small", "--method", "exact", "--serving", "calibrated", "--seed", "0", "--json"]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    solve, simulate = calibrated_plan_run
+    assert solve.returncode == 0, solve.stderr
+    plan = json.loads(solve.stdout)
     pred = plan["predicted"]
     assert pred["serving"] == "calibrated" and plan["instance"]["load"] == 0.5
     assert set(pred["per_class_e2e_mean_s"]) == {c.name for c in paper_instance("small", 0).classes}
     assert pred["e2e_mean_s"] > 0 and pred["goodput_rps"] > 0 and 0 < pred["kv_utilisation_mean"] < 1
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
-    assert main(["simulate", "--plan", str(path), "--json", "--quiet"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    assert simulate.returncode == 0, simulate.stderr
+    out = json.loads(simulate.stdout)
     obs = out["observed"]
     assert out["e2e_mean_s"] == obs["e2e_mean_s"] > 0 and out["predicted"] == pred
     # the test half of the small instance at load 0.5: every request accounted for

@@ -4,7 +4,9 @@ Each command runs as a fresh process (a solver banner written from C to fd 1 is 
 way) on the smallest case that still goes through its solvers: ``solve`` on the small instance,
 ``simulate`` on the Azure code trace with a reactive, a robust and a predictor policy, and every
 ``python -m kvdro.experiments`` sweep with ``--quick``. stdout must parse as one JSON value with
-nothing before or after it; banners and progress bars belong on stderr.
+nothing before or after it; banners and progress bars belong on stderr. A command other test files
+also read (the small and scaled solves, the calibrated plan) runs once per session (``cli`` and its
+fixtures in conftest.py), still in a fresh process.
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ def test_one_document_rejects_a_banner_before_the_json():
 
 
 @pytest.mark.parametrize("method", ["exact", "bcd"])
-def test_solve_json(data_dir, method):
-    out = one_document(run_json(["-m", "kvdro", "solve", "--instance", "small", "--method", method, "--seed", "0"],
-                                {"KVDRO_DATA_DIR": str(data_dir)}), f"solve --method {method}")
+def test_solve_json(small_solve, method):
+    out = one_document(small_solve(method), f"solve --method {method}")
     assert out["solution"]["status"] == {"exact": "optimal", "bcd": "converged"}[method]
     assert out["cost"]["total"] == pytest.approx(out["solution"]["objective"], rel=1e-6)
 
@@ -72,26 +73,20 @@ def test_simulate_json(data_dir, policy):
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_experiments_json(data_dir, tmp_path, experiment):
-    out = one_document(run_json(["-m", "kvdro.experiments", experiment, "--quick", "--n-jobs", "1"],
-                                {"KVDRO_DATA_DIR": str(data_dir), "KVDRO_CACHE_DIR": str(tmp_path)}),
-                       f"experiments {experiment} --quick")
+def test_experiments_json(cli, experiment):
+    out = one_document(cli("-m", "kvdro.experiments", experiment, "--quick", "--n-jobs", "1", "--json",
+                           fresh_cache=True), f"experiments {experiment} --quick")
     assert out["experiment"] == experiment and out["quick"] is True
     assert out["rows"] and out["verdicts"]
 
 
-def test_scaled_solve_json(data_dir):
-    out = one_document(run_json(["-m", "kvdro", "solve", "--instance", "scaled", "--classes", "3", "--gpus", "8",
-                                 "--method", "bcd", "--seed", "0"], {"KVDRO_DATA_DIR": str(data_dir)}),
-                       "solve --instance scaled")
+def test_scaled_solve_json(scaled_solve):
+    out = one_document(scaled_solve("bcd"), "solve --instance scaled")  # 3 classes, J = 16
     assert len(out["solution"]["r"]) == 3
 
 
-def test_solve_then_simulate_plan_json(data_dir, tmp_path):
-    env = {"KVDRO_DATA_DIR": str(data_dir)}
-    plan = one_document(run_json(["-m", "kvdro", "solve", "--instance", "small", "--method", "exact",
-                                  "--serving", "calibrated", "--seed", "0"], env), "solve --serving calibrated")
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
-    out = one_document(run_json(["-m", "kvdro", "simulate", "--plan", str(path), "--seed", "0"], env), "simulate --plan")
+def test_solve_then_simulate_plan_json(calibrated_plan_run):
+    solve, simulate = calibrated_plan_run
+    plan = one_document(solve, "solve --serving calibrated")
+    out = one_document(simulate, "simulate --plan")
     assert out["predicted"] == plan["predicted"] and "observed" in out

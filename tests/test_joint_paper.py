@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvdro.joint import evaluate, paper_instance, solve_exact
+from kvdro.joint import evaluate, paper_instance
 
 
 @pytest.fixture(autouse=True)
@@ -39,9 +39,8 @@ def test_bad_paper_instance_arguments():
         paper_instance("small", 0, load=0.0)
 
 
-def test_small_instance_proven_optimal_and_scored_consistently():
-    inst = paper_instance("small", 0)
-    sol = solve_exact(inst)
+def test_small_instance_proven_optimal_and_scored_consistently(small_exact):
+    inst, sol = small_exact  # paper_instance("small", 0), solve_exact (conftest.py: solved once per session)
     ev = evaluate(inst, sol)
     assert sol.status == "optimal" and sol.mip_gap <= 1e-6
     assert ev.feasible
@@ -53,14 +52,13 @@ def test_small_instance_proven_optimal_and_scored_consistently():
     assert inst.gpus @ sol.z <= inst.total_gpus
 
 
-def test_band_edge_example_of_issue_12_on_the_small_instance():
+def test_band_edge_example_of_issue_12_on_the_small_instance(small_exact):
     """The optimum's groups sit on a band edge; nudging one class's routing so that u rises by 1.6e-7
     must not move W or the total (it used to: W x2.5, total +2.8%, no violation)."""
     from kvdro.joint import Solution
     from kvdro.joint.serving import band_edges
 
-    inst = paper_instance("small", 0)
-    sol = solve_exact(inst)
+    inst, sol = small_exact  # paper_instance("small", 0), solve_exact
     ev = evaluate(inst, sol)
     edges = band_edges(inst)
     k = int(np.argmax(ev.utilisation))
