@@ -39,6 +39,40 @@ def instances():
     return [random_instance(rng, n_classes=int(rng.integers(2, 5))) for _ in range(24)]
 
 
+def _read_only(sol: Solution) -> Solution:
+    for a in (sol.z, sol.r, sol.pi, sol.delta):
+        a.flags.writeable = False  # shared between tests: a test that changes it must work on a copy
+    return sol
+
+
+@pytest.fixture(scope="module")
+def bcd_run(instances):
+    """``bcd_run(i, rule)``: ``run_bcd(instances[i], delta_rule=rule)`` with the defaults, run once per
+    module (several tests read the same run; ``solve_bcd`` is its ``.solution``). Read-only."""
+    runs = {}
+
+    def get(i: int, rule: str = "descent"):
+        if (i, rule) not in runs:
+            runs[i, rule] = run_bcd(instances[i], delta_rule=rule)
+            _read_only(runs[i, rule].solution)
+        return runs[i, rule]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def exact_optimum(instances):
+    """``exact_optimum(i)``: ``solve_exact(instances[i])``, solved once per module. Read-only."""
+    optima = {}
+
+    def get(i: int) -> Solution:
+        if i not in optima:
+            optima[i] = _read_only(solve_exact(instances[i]))
+        return optima[i]
+
+    return get
+
+
 # ------------------------------------------------------------------------------------ the algorithm
 
 
@@ -65,13 +99,13 @@ def _fresh_block_pass(inst, sol, rule):
 
 
 @pytest.mark.parametrize("rule", ["descent", "paper"])
-def test_a_converged_run_is_blockwise_optimal_against_fresh_block_models(instances, rule):
+def test_a_converged_run_is_blockwise_optimal_against_fresh_block_models(instances, bcd_run, rule):
     """Where BCD says it converged, one more pass of every block -- each a model built afresh -- lowers
     the objective by no more than tol: no block can improve the returned point (chapter 6's definition
     of blockwise optimal), whatever the stop rule claims."""
     checked = 0
-    for inst in instances:
-        run = run_bcd(inst, delta_rule=rule)
+    for i, inst in enumerate(instances):
+        run = bcd_run(i, rule)
         if not run.converged:
             continue
         f, fresh = _fresh_block_pass(inst, run.solution, rule)
@@ -82,11 +116,11 @@ def test_a_converged_run_is_blockwise_optimal_against_fresh_block_models(instanc
     assert checked >= 20
 
 
-def test_caching_every_routed_pair_is_never_worse_than_the_paper_rule(instances):
+def test_caching_every_routed_pair_is_never_worse_than_the_paper_rule(instances, bcd_run):
     """With pi fixed and (6e) met, caching a routed pair only shortens T and H: the paper's rule
     (which un-caches routed pairs with fewer than one concurrent request) can only cost more."""
-    for inst in instances[:10]:
-        sol = solve_bcd(inst)
+    for i, inst in enumerate(instances[:10]):
+        sol = bcd_run(i).solution  # solve_bcd(inst)
         routed = (sol.pi > 0) & (sol.z[None, :] >= 1)
         rule = prefix_rule(inst, sol.z, sol.pi)
         all_routed = Solution(z=sol.z, r=sol.r, pi=sol.pi, delta=routed)
@@ -97,11 +131,11 @@ def test_caching_every_routed_pair_is_never_worse_than_the_paper_rule(instances)
 
 
 @pytest.mark.parametrize("rule", ["descent", "paper"])
-def test_never_below_the_exact_optimum_on_random_instances(instances, rule):
+def test_never_below_the_exact_optimum_on_random_instances(instances, bcd_run, exact_optimum, rule):
     """A law: BCD returns a feasible point of the same model, so it cannot beat the proven optimum."""
-    for inst in instances[:12]:
-        opt = evaluate(inst, solve_exact(inst)).total
-        got = evaluate(inst, solve_bcd(inst, delta_rule=rule))
+    for i, inst in enumerate(instances[:12]):
+        opt = evaluate(inst, exact_optimum(i)).total
+        got = evaluate(inst, bcd_run(i, rule).solution)  # solve_bcd(inst, delta_rule=rule)
         assert got.feasible
         assert got.total >= opt * (1 - 1e-7)
 
@@ -113,9 +147,9 @@ def test_a_second_start_with_every_prefix_cached_is_a_valid_bcd_run(instances):
         assert evaluate(inst, run.solution).feasible and run.converged
 
 
-def test_reservations_are_whole_blocks_within_the_candidates(instances):
-    for inst in instances[:6]:
-        sol = solve_bcd(inst)
+def test_reservations_are_whole_blocks_within_the_candidates(instances, bcd_run):
+    for i, inst in enumerate(instances[:6]):
+        sol = bcd_run(i).solution  # solve_bcd(inst)
         eta = sol.r - inst.input_tokens
         for i, e in enumerate(eta):
             assert np.min(np.abs(inst.candidates[i] - e)) < 1e-9
@@ -136,9 +170,9 @@ def test_never_below_the_exact_optimum_on_small_seeds(data_dir, small_exact, see
 # ------------------------------------------------------------------------------------ the blocks
 
 
-def test_lp1_charges_an_upper_bound_and_never_beats_its_own_start(instances):
+def test_lp1_charges_an_upper_bound_and_never_beats_its_own_start(instances, bcd_run):
     inst = instances[0]
-    run = run_bcd(inst)
+    run = bcd_run(0)  # run_bcd(inst)
     sol = run.solution
     lp1 = RoutingLP(inst)
     u = utilisation(inst, sol.z, sol.pi, sol.delta)
@@ -182,9 +216,9 @@ def test_lp2_equals_brute_force_when_memory_binds():
     assert best_r is not None
 
 
-def test_prefix_rule_is_the_concurrency_threshold(instances):
+def test_prefix_rule_is_the_concurrency_threshold(instances, bcd_run):
     inst = instances[1]
-    sol = solve_bcd(inst)
+    sol = bcd_run(1).solution  # solve_bcd(inst)
     n = inst.rates[:, None] * sol.pi * inst.residence_s[:, :, 1] / np.maximum(sol.z, 1)[None, :]
     np.testing.assert_array_equal(prefix_rule(inst, sol.z, sol.pi), (n > 1) & (sol.z[None, :] >= 1))
     d = prefix_descent(inst, sol.z, sol.r, sol.pi, np.zeros_like(sol.delta))
@@ -253,16 +287,16 @@ def test_a_failing_block_solve_propagates_its_status(instances, monkeypatch):
 # ------------------------------------------------------------------------------------ warm start, windows
 
 
-def test_a_warm_start_from_another_point_converges_blockwise_optimal(instances):
+def test_a_warm_start_from_another_point_converges_blockwise_optimal(instances, bcd_run, exact_optimum):
     """Warm-started from the paper rule's answer (a different point), the descent run converges to a
     point no fresh block improves, and never below the proven optimum."""
-    for inst in instances[:5]:
-        start = solve_bcd(inst, delta_rule="paper")
+    for i, inst in enumerate(instances[:5]):
+        start = bcd_run(i, "paper").solution  # solve_bcd(inst, delta_rule="paper")
         run = run_bcd(inst, init=start)
         assert run.converged
         f, fresh = _fresh_block_pass(inst, run.solution, "descent")
         assert min(fresh.values()) >= f * (1 - 1e-7)
-        assert f >= evaluate(inst, solve_exact(inst)).total * (1 - 1e-7)
+        assert f >= evaluate(inst, exact_optimum(i)).total * (1 - 1e-7)
 
 
 def test_drifting_windows_scale_outputs_and_keep_the_support(instances):
