@@ -109,3 +109,72 @@ def test_tidy_has_one_row_per_cell_and_policy():
     assert (t["goodput_gain"] == 0.1).all() and (t["ttft_p99_hi"] == 0.2).all()
     with pytest.raises(FileNotFoundError, match="bench headroom"):
         h.load_headroom("/nonexistent/headroom.csv")
+
+
+def test_pooled_gain_is_the_ratio_of_pooled_counts_and_widens_when_draws_disagree(rng):
+    base = rng.integers(20, 40, size=(8, 30)).astype(float)
+    same = h.pooled_gain(base, 1.1 * base)
+    assert same.point == pytest.approx(0.1) and same.lo == pytest.approx(0.1) and same.hi == pytest.approx(0.1)
+    # half the draws gain 30 %, half lose 10 %: pooled +10 % again, but the draw-to-draw spread shows in the interval
+    mixed = np.concatenate([1.3 * base[:4], 0.9 * base[4:]])
+    iv = h.pooled_gain(base, mixed)
+    assert iv.point == pytest.approx(mixed.sum() / base.sum() - 1)
+    assert iv.lo < iv.point < iv.hi and iv.hi - iv.lo > 0.05
+    with pytest.raises(ValueError, match="base, arm"):
+        h.pooled_gain(base, base[:, :5])
+    with pytest.raises(ValueError, match="base, arm"):
+        h.pooled_gain(base[:1], base[:1])
+
+
+def test_headroom_seeds_redraws_the_routing_only_and_summarises_the_draws(data_dir):
+    cell = ("conversation", "4 x TP2-PP1", 0.4)
+    f = h.headroom_seeds([cell], seeds=(0, 1), progress=False, cache=False)
+    per, summ = f[f["kind"] == "seed"], f[f["kind"] == "summary"].set_index("policy")
+    assert len(per) == 2 * len(h.SEED_ARMS) and len(summ) == len(h.SEED_ARMS)
+    # routing seed 0 is the map's own draw: the same run as headroom_cell with seed 0
+    ref = h.headroom_cell(workload=cell[0], deployment=cell[1], load=cell[2], seed=0, blocks=True)
+    again = h.headroom_cell(workload=cell[0], deployment=cell[1], load=cell[2], seed=0, routing_seed=1, blocks=True)
+    for arm in h.SEED_ARMS:
+        row0 = per[(per["policy"] == arm) & (per["routing_seed"] == 0)].iloc[0]
+        assert row0["gain"] == pytest.approx(ref[f"{arm}_goodput_gain"]) and row0["lo"] == pytest.approx(ref[f"{arm}_goodput_gain_lo"])
+        s = summ.loc[arm]
+        assert s["gain_min"] <= s["gain_median"] <= s["gain_max"] and s["n_seeds"] == 2
+        assert s["lo"] <= s["gain"] <= s["hi"]
+        pooled = h.pooled_gain(np.stack([h.unc.decode(ref["vllm_good_blocks"]), h.unc.decode(again["vllm_good_blocks"])]),
+                               np.stack([h.unc.decode(ref[f"{arm}_good_blocks"]), h.unc.decode(again[f"{arm}_good_blocks"])]))
+        assert s["gain"] == pytest.approx(pooled.point) and s["hi"] == pytest.approx(pooled.hi)
+    # the same arrivals under another routing draw: the same requests, a different vLLM run
+    assert ref["requests"] == again["requests"] and ref["preemptions"] != again["preemptions"]
+    with pytest.raises(ValueError, match="seeds"):
+        h.headroom_seeds([cell], seeds=(3, 3), progress=False, cache=False)
+    with pytest.raises(ValueError, match="cells"):
+        h.headroom_seeds([("nope", "4 x TP2-PP1", 0.4)], seeds=(0, 1), progress=False, cache=False)
+
+
+def test_seed_counts_separates_cells_that_count_under_every_draw_from_some():
+    rows = [{"kind": "seed", "workload": "w", "deployment": "d", "load": x, "policy": "oracle", "routing_seed": r,
+             "counts": c, "stable": st} for x, r, c, st in
+            [(0.9, 0, True, True), (0.9, 1, True, False), (1.0, 0, True, False), (1.0, 1, False, False), (1.2, 0, False, False),
+             (1.2, 1, False, False)]]
+    c = h.seed_counts(pd.DataFrame(rows))
+    assert (c["all"], c["some"], c["none"]) == (1, 1, 1) and c["per_draw"].tolist() == [2, 1]
+    st = h.seed_counts(pd.DataFrame(rows), stable=True)
+    assert (st["all"], st["some"], st["none"]) == (0, 1, 2)
+
+
+def test_cached_seed_study_agrees_with_the_map_under_the_maps_draw():
+    from kvdro.sim.studies import DATA_DIR
+
+    if not (DATA_DIR / "headroom_seeds.csv").is_file():
+        pytest.skip("no cached seed study: run `python -m kvdro.bench headroom --parts seeds`")
+    s, f = h.load_seeds(), h.load_headroom()
+    cells = h.seed_cells(f)
+    summ = s[s["kind"] == "summary"]
+    assert len(summ) == len(cells) * len(h.SEED_ARMS)
+    big = h.summary(f)["cells_with_5pct"]
+    assert all(any(r.workload == w and r.deployment == d and np.isclose(r.load, x) for w, d, x in cells) for r in big.itertuples())
+    zero = s[(s["kind"] == "seed") & (s["routing_seed"] == 0)]
+    for r in zero.itertuples():
+        m = f[(f["workload"] == r.workload) & (f["deployment"] == r.deployment) & np.isclose(f["load"], r.load)].iloc[0]
+        assert np.isclose(r.gain, m[f"{r.policy}_goodput_gain"], rtol=1e-4, atol=1e-9)
+        assert bool(r.stable) == bool(m["stable"])

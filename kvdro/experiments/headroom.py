@@ -56,6 +56,15 @@ __all__ = [
     "SCHEDULE_ARMS",
     "headroom",
     "headroom_cell",
+    "headroom_seeds",
+    "load_seeds",
+    "pooled_gain",
+    "seed_cells",
+    "seed_counts",
+    "seed_phrase",
+    "seed_sentences",
+    "seed_summary",
+    "ROUTING_SEEDS",
     "load_headroom",
     "load_scheduling",
     "tidy",
@@ -250,9 +259,17 @@ def _gains(units: np.ndarray, prefix: str) -> dict:
     return out
 
 
-def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0, fractions: tuple = BUFFER_FRACTIONS) -> dict:
+def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0, fractions: tuple = BUFFER_FRACTIONS,
+                  routing_seed: int | None = None, blocks: bool = False) -> dict:
     """One cell of the map: every policy of the module docstring on ``workload``'s test half at
-    ``load`` on ``deployment``; vLLM's metrics, each policy's gains with intervals, the bound."""
+    ``load`` on ``deployment``; vLLM's metrics, each policy's gains with intervals, the bound.
+
+    ``seed`` draws the workload (:func:`workload_halves`) and, unless ``routing_seed`` is given,
+    the routing (``numpy.random.default_rng(seed)``, every policy the same draw); ``routing_seed``
+    redraws the routing alone over the same arrivals (:func:`headroom_seeds`). ``blocks`` adds,
+    per policy (and ``vllm``), its requests served within their own deadline in each of the
+    :data:`~kvdro.experiments.uncertainty.N_BLOCKS` time blocks (``*_good_blocks``, encoded by
+    :func:`kvdro.experiments.uncertainty.encode`)."""
     from kvdro.sim import policy_buffers, simulate
     from kvdro.sim.regimes import backlog_halves
     from kvdro.sim.regimes import deployment as make_deployment
@@ -264,8 +281,10 @@ def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0,
     span = float(test["arrival_s"].max())
     blk = unc.block_index(test["arrival_s"].to_numpy())
 
+    route = int(seed if routing_seed is None else routing_seed)
+
     def run(policy: str, buffers=None):
-        return simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=DRO_RHO, rng=np.random.default_rng(int(seed)))
+        return simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=DRO_RHO, rng=np.random.default_rng(route))
 
     v = run("vllm")
     sv = run_stats(v)
@@ -285,6 +304,8 @@ def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0,
     bound = admission_gain_bound(sv)
     out.update(bound)
     base = _per_block(v, blk)
+    if blocks:
+        out["vllm_good_blocks"] = unc.encode(base[:, 1])
     p90 = policy_buffers("p90", train, rho=DRO_RHO)
     arms = {"oracle": ("oracle", None), "exact": ("exact", None), "dro": ("dro", policy_buffers("dro", train, rho=DRO_RHO))}
     for f in fractions:
@@ -303,6 +324,8 @@ def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0,
                         f"{name}_throughput_gain": (r.metrics["completed"] / s["horizon_s"]) / (m["completed"] / sv["horizon_s"]) - 1.0,
                         f"{name}_mean_decode_batch": s["mean_decode_batch"]})
         row.update(_gains(units, name))
+        if blocks:
+            row[f"{name}_good_blocks"] = unc.encode(units[:, 1, 1])
         out.update(row)
         if name.startswith("soft") and r.metrics["goodput_rps"] > best_good:
             best, best_good = name, r.metrics["goodput_rps"]
@@ -310,6 +333,8 @@ def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0,
     for key in ("goodput_gain", "goodput_gain_lo", "goodput_gain_hi", "slo_gain", "slo_gain_lo", "slo_gain_hi",
                 "ttft_p99_gain", "ttft_p99_gain_lo", "ttft_p99_gain_hi", "preemptions"):
         out[f"best_{key}"] = out[f"{best}_{key}"]
+    if blocks:
+        out["best_good_blocks"] = out[f"{best}_good_blocks"]
     out["cpu_s"] = time.process_time() - t0
     return out
 
@@ -373,6 +398,203 @@ def summary(frame: pd.DataFrame, threshold: float = 0.05) -> dict:
             "cells_with_5pct": big, "stable_cells_with_5pct": big[big["stable"]],
             "bound": chk, "bound_failures": chk[~(chk["service_ok"] & chk["throughput_ok"])],
             "goodput_above_bound": chk[~chk["goodput_ok"]]}
+
+
+# ------------------------------------------------------------------------------------------------ routing seeds
+#: The routing draws of the seed-sensitivity study (seed 0 is the map's own draw).
+ROUTING_SEEDS = tuple(range(8))
+#: A map cell is rerun over the routing draws if some policy's goodput gain there is at least this
+#: (half the 5 % of :func:`summary`: every cell the 5 % count could gain or lose under another draw
+#: whose gain under the map's draw is not far below it), besides the primary memory point.
+SEED_SCREEN = 0.025
+SEED_ARMS = KNOWING + DEPLOYABLE
+
+
+def seed_cells(frame: pd.DataFrame, screen: float = SEED_SCREEN) -> list[tuple[str, str, float]]:
+    """(workload, deployment, load) of the seed study: the primary memory point
+    (:data:`kvdro.sim.regimes.OPERATING_POINTS`), then every cell of the map ``frame`` where some
+    policy (oracle, exact, best soft, DRO) gains at least ``screen`` of goodput (point estimate),
+    in the map's order. Every cell :func:`summary` counts at 5 % is among them."""
+    from kvdro.sim import regimes
+
+    if not 0 < screen < 1:
+        raise ValueError(f"screen: must be in (0, 1), got {screen!r}")
+    primary = regimes.OPERATING_POINTS["memory"]
+    pts = [("conversation", primary.deployment_label, float(primary.scale))]
+    hit = np.zeros(len(frame), dtype=bool)
+    for arm in SEED_ARMS:
+        hit |= (frame[f"{arm}_goodput_gain"] >= screen).to_numpy()
+    for r in frame[hit].itertuples():
+        p = (str(r.workload), str(r.deployment), float(r.load))
+        if not any(p[:2] == q[:2] and np.isclose(p[2], q[2]) for q in pts):
+            pts.append(p)
+    return pts
+
+
+def pooled_gain(base: np.ndarray, arm: np.ndarray, *, run: int = unc.BLOCK_RUN, n_boot: int = unc.N_BOOT,
+                seed: int = unc.SEED) -> unc.Interval:
+    """The goodput gain pooled over routing draws, with a two-way bootstrap interval.
+
+    ``base`` and ``arm``: requests served within their own deadline, shape (routing draws S, time
+    blocks N), by vLLM and by the policy, every draw over the same arrivals. The estimate is the
+    ratio of the pooled counts, sum(arm) / sum(base) - 1 (the gain in goodput averaged over the
+    routing draw). Two sources of uncertainty: the routing draws are independent given the
+    arrivals, so each replicate resamples S draws with replacement (the ordinary bootstrap); the
+    time blocks are one time series shared by every draw, so each replicate resamples runs of
+    ``run`` consecutive blocks (the moving-block bootstrap of :mod:`kvdro.experiments.uncertainty`)
+    and applies the same blocks to every draw and both arms (paired). Resampling both factors of a
+    crossed design at once is conservative (it counts the interaction twice; Owen 2007, "the
+    pigeonhole bootstrap"). With S = 8 the draw part is coarse: the interval says how far the mean
+    over draws is known, not what one draw gives -- that is the range over draws."""
+    b, a = np.asarray(base, dtype=float), np.asarray(arm, dtype=float)
+    if b.ndim != 2 or b.shape != a.shape or b.shape[0] < 2 or b.shape[1] < 2:
+        raise ValueError(f"base, arm: need the same shape (draws >= 2, blocks >= 2), got {b.shape} and {a.shape}")
+    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(a))):
+        raise ValueError("base, arm: contain non-finite values")
+
+    def ratio(x, y):
+        return x / np.maximum(y, 1.0) - 1.0
+
+    point = float(ratio(a.sum(), b.sum()))
+    rng = np.random.default_rng(int(seed))
+    draws = rng.integers(0, b.shape[0], size=(int(n_boot), b.shape[0]))
+    blk = unc._indices(b.shape[1], run, int(n_boot), rng)
+    tot_b = np.take_along_axis(b[draws].sum(axis=1), blk, axis=1).sum(axis=1)
+    tot_a = np.take_along_axis(a[draws].sum(axis=1), blk, axis=1).sum(axis=1)
+    lo, hi = np.quantile(ratio(tot_a, tot_b), [0.025, 0.975])
+    return unc.Interval(point, float(min(lo, point)), float(max(hi, point)))
+
+
+def headroom_seeds(cells=None, *, seeds=ROUTING_SEEDS, frame: pd.DataFrame | None = None, threshold: float = 0.05, n_jobs=None, progress: bool = True, cache: bool = True) -> pd.DataFrame:
+    """How much the routing draw moves the map's gains: :func:`headroom_cell` at each of ``cells``
+    ((workload, deployment, load); default :func:`seed_cells` of ``frame``, the cached map by
+    default) under every routing seed of ``seeds``, the arrivals and the fitted buffers fixed.
+
+    One row per (cell, policy in oracle / exact / best soft / DRO, routing seed), ``kind == "seed"``:
+    the goodput gain over vLLM under that draw (``gain``) and its paired block interval (``lo``,
+    ``hi``), vLLM's preemptions and its regime under that draw (``stable``, ``memory_bound``, by
+    :func:`kvdro.sim.regimes.classify`), whether the gain counts (``counts``: at least
+    ``threshold`` with its interval above 0). Then one row per (cell, policy), ``kind ==
+    "summary"``, ``routing_seed`` -1: ``gain_min``, ``gain_median``, ``gain_max`` over the draws;
+    ``seeds_positive`` (interval above 0), ``seeds_counted`` (``counts``), ``seeds_stable`` and
+    ``n_seeds``; and in ``gain``, ``lo``, ``hi`` the gain pooled over the draws with its two-way
+    interval (:func:`pooled_gain`)."""
+    from kvdro.experiments.runner import run_sweep
+    from kvdro.sim.regimes import classify
+
+    seeds = [int(x) for x in seeds]
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: need at least two distinct routing seeds, got {seeds!r}")
+    if cells is None:
+        cells = seed_cells(load_headroom() if frame is None else frame)
+    cells = [(str(w), str(d), float(x)) for w, d, x in cells]
+    for w, _, _ in cells:
+        if w not in WORKLOADS:
+            raise ValueError(f"cells: unknown workload {w!r} (use {list(WORKLOADS)})")
+    jobs = [{"workload": w, "deployment": d, "load": x, "seed": 0, "routing_seed": r,
+             "blocks": True} for w, d, x in cells for r in seeds]
+    df = run_sweep(headroom_cell, jobs, n_jobs=n_jobs, progress=progress, desc="headroom seeds", cache=cache)
+    df = classify(df.assign(trace=df["workload"])).drop(columns=["trace"])
+    rows = []
+    for r in df.itertuples():
+        for arm in SEED_ARMS:
+            gain, lo, hi = (float(getattr(r, f"{arm}_goodput_gain{s}")) for s in ("", "_lo", "_hi"))
+            rows.append({"kind": "seed", "workload": r.workload, "deployment": r.deployment, "load": r.load, "policy": arm,
+                         "routing_seed": int(r.routing_seed), "gain": gain, "lo": lo, "hi": hi,
+                         "counts": bool(gain >= threshold and lo > 0), "stable": bool(r.stable),
+                         "memory_bound": bool(r.memory_bound), "preemptions": int(r.preemptions),
+                         "recompute_share": float(r.recompute_share), "slo_violation": float(r.slo_violation),
+                         "best_soft": r.best_soft if arm == "best" else "",
+                         "_base": unc.decode(r.vllm_good_blocks), "_arm": unc.decode(getattr(r, f"{arm}_good_blocks"))})
+    per = pd.DataFrame(rows)
+    summ = []
+    for (w, d, x, arm), g in per.groupby(["workload", "deployment", "load", "policy"], sort=False):
+        iv = pooled_gain(np.stack(g["_base"].to_list()), np.stack(g["_arm"].to_list()))
+        summ.append({"kind": "summary", "workload": w, "deployment": d, "load": x, "policy": arm, "routing_seed": -1,
+                     "gain": iv.point, "lo": iv.lo, "hi": iv.hi, "counts": bool(g["counts"].all()),
+                     "gain_min": float(g["gain"].min()), "gain_median": float(g["gain"].median()),
+                     "gain_max": float(g["gain"].max()), "seeds_positive": int((g["lo"] > 0).sum()),
+                     "seeds_counted": int(g["counts"].sum()), "seeds_stable": int(g["stable"].sum()), "n_seeds": len(g)})
+    out = pd.concat([per.drop(columns=["_base", "_arm"]), pd.DataFrame(summ)], ignore_index=True)
+    out.attrs["cpu_s"] = float(df["cpu_s"].sum())
+    return out
+
+
+def load_seeds(path=None) -> pd.DataFrame:
+    """The cached seed study (``data/headroom_seeds.csv``, :func:`headroom_seeds`)."""
+    from pathlib import Path
+
+    p = _data_dir() / "headroom_seeds.csv" if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no cached seed study; run `python -m kvdro.bench headroom --parts seeds`")
+    return pd.read_csv(p)
+
+
+def seed_summary(seeds: pd.DataFrame, workload: str, deployment: str, load: float, policy: str = "oracle") -> pd.Series:
+    """The summary row of :func:`headroom_seeds` for one cell and policy; KeyError if the study
+    did not rerun that cell."""
+    s = seeds[(seeds["kind"] == "summary") & (seeds["workload"] == workload) & (seeds["deployment"] == deployment)
+              & np.isclose(seeds["load"], float(load)) & (seeds["policy"] == policy)]
+    if len(s) != 1:
+        raise KeyError(f"no seed summary for {policy} at {workload}, {deployment}, load {load:g}")
+    return s.iloc[0]
+
+
+def seed_phrase(row: pd.Series) -> str:
+    """A summary row of :func:`headroom_seeds` in words: ``over 8 routing draws +28% to +95%
+    (interval above zero in 8; pooled +61% [+20, +150])``."""
+    n, pos = int(row["n_seeds"]), int(row["seeds_positive"])
+    where = "in all" if pos == n else ("in none" if pos == 0 else f"in {pos} of {n}")
+    pooled = unc.Interval(float(row["gain"]), float(row["lo"]), float(row["hi"])).pct(1)
+    return (f"over {n} routing draws {100 * row['gain_min']:+.1f}% to {100 * row['gain_max']:+.1f}% "
+            f"(interval above zero {where}; pooled {pooled})")
+
+
+def seed_counts(seeds: pd.DataFrame, policies=("oracle",), stable: bool | None = None) -> dict:
+    """How many of the rerun cells count (gain >= 5 %, interval above 0) for any of ``policies``
+    under every draw, under some draws only, and under none; with ``stable``, a cell counts under a
+    draw only if vLLM's run under that draw is (``True``) or is not (``False``) stable. Returns
+    ``{"all": n, "some": n, "none": n, "some_cells": frame, "per_draw": series}``: the cells whose
+    count depends on the draw, with how many draws count; the number of cells that count under each
+    routing seed."""
+    per = seeds[(seeds["kind"] == "seed") & seeds["policy"].isin(list(policies))].copy()
+    ok = per["counts"].astype(bool)
+    if stable is not None:
+        ok &= per["stable"].astype(bool) == bool(stable)
+    per["ok"] = ok
+    cell_draw = per.groupby(["workload", "deployment", "load", "routing_seed"], sort=False)["ok"].any()
+    by = cell_draw.groupby(level=["workload", "deployment", "load"], sort=False).agg(["sum", "size"])
+    some = by[(by["sum"] > 0) & (by["sum"] < by["size"])].reset_index().rename(columns={"sum": "draws", "size": "n_seeds"})
+    return {"all": int((by["sum"] == by["size"]).sum()), "some": len(some), "none": int((by["sum"] == 0).sum()),
+            "some_cells": some, "per_draw": cell_draw.groupby(level="routing_seed").sum().astype(int)}
+
+
+def seed_sentences(seeds: pd.DataFrame) -> dict[str, str]:
+    """The seed study in words, for the sentences that count the map's cells (chapter 8, the
+    introduction): ``"oracle"`` -- over how many draws, how many rerun cells the oracle's gain counts
+    in (:func:`seed_counts`; in all, and stable), how many count under every draw and how many under
+    some only; ``"reservations"`` -- the same for exact, best soft and DRO together; ``"scope"`` --
+    which cells were rerun."""
+    n = int(seeds.loc[seeds["kind"] == "seed", "routing_seed"].nunique())
+    cells = seeds[seeds["kind"] == "summary"][["workload", "deployment", "load"]].drop_duplicates()
+    ora, ora_st = seed_counts(seeds, ("oracle",)), seed_counts(seeds, ("oracle",), stable=True)
+    res = seed_counts(seeds, ("exact", "best", "dro"))
+
+    def span(x):
+        lo, hi = int(x.min()), int(x.max())
+        return f"{lo}" if lo == hi else f"{lo} to {hi}"
+
+    out = {"oracle": (f"over {n} routing draws that count is {span(ora['per_draw'])} cells, {span(ora_st['per_draw'])} of "
+                      f"them stable: {ora['all']} cells count under every draw, {ora['some']} under some draws only"
+                      + (f", and {ora_st['all']} stable cell{'s' if ora_st['all'] != 1 else ''} under every draw"
+                         if ora_st["all"] else ", and no cell is stable and counts under every draw")),
+           "reservations": ("under none of " + f"{n} routing draws does a reservation gain 5% beyond noise in any of the "
+                            f"{len(cells)} cells rerun" if res["per_draw"].max() == 0 else
+                            f"over {n} routing draws a reservation gains 5% beyond noise in {span(res['per_draw'])} of the "
+                            f"{len(cells)} cells rerun"),
+           "scope": (f"the {len(cells)} cells rerun are the primary memory point and every cell where some policy gains "
+                     f"at least {SEED_SCREEN:.1%} under the map's draw; cells below that were not rerun")}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ scheduling
