@@ -541,12 +541,12 @@ def seed_summary(seeds: pd.DataFrame, workload: str, deployment: str, load: floa
 
 
 def seed_phrase(row: pd.Series) -> str:
-    """A summary row of :func:`headroom_seeds` in words: ``over 8 routing draws +28% to +95%
-    (interval above zero in 8; pooled +61% [+20, +150])``."""
+    """A summary row of :func:`headroom_seeds` in words: ``+28.0% to +95.0% over 8 routing draws
+    (interval above zero in all; pooled +61.0% [+20.0, +150.0])``."""
     n, pos = int(row["n_seeds"]), int(row["seeds_positive"])
     where = "in all" if pos == n else ("in none" if pos == 0 else f"in {pos} of {n}")
     pooled = unc.Interval(float(row["gain"]), float(row["lo"]), float(row["hi"])).pct(1)
-    return (f"over {n} routing draws {100 * row['gain_min']:+.1f}% to {100 * row['gain_max']:+.1f}% "
+    return (f"{100 * row['gain_min']:+.1f}% to {100 * row['gain_max']:+.1f}% over {n} routing draws "
             f"(interval above zero {where}; pooled {pooled})")
 
 
@@ -586,7 +586,8 @@ def seed_sentences(seeds: pd.DataFrame) -> dict[str, str]:
 
     out = {"oracle": (f"over {n} routing draws that count is {span(ora['per_draw'])} cells, {span(ora_st['per_draw'])} of "
                       f"them stable: {ora['all']} cells count under every draw, {ora['some']} under some draws only"
-                      + (f", and {ora_st['all']} stable cell{'s' if ora_st['all'] != 1 else ''} under every draw"
+                      + (f", and only {ora_st['all']} " + ("cell is stable and counts" if ora_st["all"] == 1 else
+                                                            "cells are stable and count") + " under every draw"
                          if ora_st["all"] else ", and no cell is stable and counts under every draw")),
            "reservations": ("under none of " + f"{n} routing draws does a reservation gain 5% beyond noise in any of the "
                             f"{len(cells)} cells rerun" if res["per_draw"].max() == 0 else
