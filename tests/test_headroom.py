@@ -147,6 +147,8 @@ def test_headroom_seeds_redraws_the_routing_only_and_summarises_the_draws(data_d
     assert ref["requests"] == again["requests"] and ref["preemptions"] != again["preemptions"]
     with pytest.raises(ValueError, match="seeds"):
         h.headroom_seeds([cell], seeds=(3, 3), progress=False, cache=False)
+    with pytest.raises(ValueError, match="routing_seed"):
+        h.headroom_cell(workload=cell[0], deployment=cell[1], load=cell[2], routing_seed=-1)
     with pytest.raises(ValueError, match="cells"):
         h.headroom_seeds([("nope", "4 x TP2-PP1", 0.4)], seeds=(0, 1), progress=False, cache=False)
 

@@ -282,6 +282,8 @@ def headroom_cell(*, workload: str, deployment: str, load: float, seed: int = 0,
     blk = unc.block_index(test["arrival_s"].to_numpy())
 
     route = int(seed if routing_seed is None else routing_seed)
+    if route < 0:
+        raise ValueError(f"routing_seed: must be a non-negative integer, got {routing_seed!r}")
 
     def run(policy: str, buffers=None):
         return simulate(test, policy=policy, buffers=buffers, deployment=dep, rho=DRO_RHO, rng=np.random.default_rng(route))
@@ -483,8 +485,8 @@ def headroom_seeds(cells=None, *, seeds=ROUTING_SEEDS, frame: pd.DataFrame | Non
     from kvdro.sim.regimes import classify
 
     seeds = [int(x) for x in seeds]
-    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds: need at least two distinct routing seeds, got {seeds!r}")
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"seeds: need at least two distinct non-negative routing seeds, got {seeds!r}")
     if cells is None:
         cells = seed_cells(load_headroom() if frame is None else frame)
     cells = [(str(w), str(d), float(x)) for w, d, x in cells]
