@@ -23,6 +23,12 @@ TTFT P99 (1 - P99 / vLLM's P99), each with a paired moving-block bootstrap inter
 blocks of the test half (:mod:`kvdro.experiments.uncertainty`). Each cell is classified by the
 regime rules of :mod:`kvdro.sim.regimes` on vLLM's run (stable; memory-bound).
 
+Every interval above is over the time blocks of **one routing draw**. The **seed study**
+(:func:`headroom_seeds`, cached in ``data/headroom_seeds.csv`` by ``python -m kvdro.bench headroom
+--parts seeds``) reruns the primary memory point and every cell near the 5 % line under
+:data:`ROUTING_SEEDS`, the arrivals fixed: per draw the gains and their intervals, per cell the
+range over draws and a gain pooled over draws with a two-way interval (:func:`pooled_gain`).
+
 The **bound** (:func:`admission_gain_bound`) says what any admission or reservation policy can gain
 over vLLM; :func:`check_bound` checks it against the oracle on every cell.
 
