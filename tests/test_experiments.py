@@ -544,3 +544,24 @@ def test_cli_verdicts_class_deadline(data_dir):
     payload = json.loads(out.stdout)
     assert [v["claim"] for v in payload] == list(verdicts.CLAIMS)
     assert all(v["engine_verdict"] in verdicts.VERDICTS + (verdicts.NO_ENGINE,) for v in payload)
+
+
+def test_the_code_fingerprint_covers_every_module_a_cached_cell_imports():
+    """A cached cell is recomputed when code it runs changes: every kvdro module that the cell code
+    (sweeps, headroom, traces, analytic) loads is in DEPENDENCIES, but for the caching machinery itself."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import kvdro.experiments.sweeps, kvdro.experiments.headroom, kvdro.experiments.traces, kvdro.experiments.analytic\n"
+        "from kvdro.experiments.cache import DEPENDENCIES, _PACKAGE\n"
+        "covered = set()\n"
+        "for name in DEPENDENCIES:\n"
+        "    p = _PACKAGE / name\n"
+        "    covered |= set(p.rglob('*.py')) if p.is_dir() else {p}\n"
+        "loaded = sorted(Path(m.__file__).resolve() for n, m in list(sys.modules.items())\n"
+        "                if n.startswith('kvdro') and getattr(m, '__file__', None))\n"
+        "print('\\n'.join(str(p.relative_to(_PACKAGE)) for p in loaded if p not in covered))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    machinery = {"__init__.py", "errors.py", "experiments/__init__.py", "experiments/cache.py", "experiments/runner.py"}
+    assert set(out) <= machinery, f"modules a cached cell runs but the fingerprint ignores: {sorted(set(out) - machinery)}"

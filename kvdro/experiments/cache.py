@@ -5,8 +5,9 @@ A sweep cell (one simulation, one plan) is cached with :class:`joblib.Memory` ke
 * the function and its keyword arguments (trace name, split, policy, rho, seed, load, shift, ...),
 * a *code fingerprint*: the SHA-256 of the source of every module the result depends on
   (``kvdro.sim``, ``kvdro.bcd``, ``kvdro.joint``, ``kvdro.workload``, ``kvdro.datasets``,
-  ``kvdro.hardware``, ``kvdro.queueing``, ``kvdro.newsvendor``, ``kvdro.wasserstein`` and the
-  cell code of ``kvdro.experiments``: traces, sweeps, analytic), so that a change to the
+  ``kvdro.hardware``, ``kvdro.queueing``, ``kvdro.newsvendor``, ``kvdro.wasserstein``,
+  ``kvdro.ambiguity``, ``kvdro.costs`` and the cell code of ``kvdro.experiments``: traces, sweeps,
+  analytic, regimes, uncertainty, headroom), so that a change to the
   simulator recomputes every cell, while a rebuild of the book with nothing changed recomputes
   nothing.
 
@@ -41,7 +42,10 @@ DEPENDENCIES: tuple[str, ...] = (
     "queueing.py",
     "newsvendor.py",
     "wasserstein.py",
+    "ambiguity.py",
+    "costs.py",
     "experiments/traces.py",
+    "experiments/headroom.py",
     "experiments/sweeps.py",
     "experiments/analytic.py",
     "experiments/regimes.py",
