@@ -567,3 +567,12 @@ def test_a_plan_without_a_fingerprint_says_how_to_regenerate(small_plan):
     with pytest.raises(ValueError, match=r"no 'fingerprint'.*regenerate the plan: `python -m kvdro solve --instance small "
                                          r"--seed 0 --load 0.5 --serving analytic --json > plan.json`"):
         simulate_plan(old)
+
+
+def test_a_config_larger_than_the_cluster_is_named():
+    """TP9-PP1 cannot fit 8 GPUs: the error names config (not a derived 'groups = 0')."""
+    from kvdro.sim import default_deployment
+
+    with pytest.raises(ValueError, match=r"^config: TP9-PP1 needs 9 GPUs"):
+        default_deployment(config="TP9-PP1")
+    assert len(default_deployment(config="TP4-PP1").groups) == 2

@@ -261,6 +261,8 @@ def default_deployment(trace: pd.DataFrame | None = None, *, config: str | Paral
     number of groups; ``settings`` are passed to :class:`Deployment` (``max_model_len``, ...).
     """
     cfg = parse_config(config)
+    if groups is None and cfg.gpus > total_gpus:
+        raise ValueError(f"config: {cfg.name} needs {cfg.gpus} GPUs, more than the {total_gpus} of the deployment")
     z = total_gpus // cfg.gpus if groups is None else groups
     if isinstance(z, bool) or int(z) != z or z < 1:
         raise ValueError(f"groups: must be a positive integer (and config {cfg.name} must fit {total_gpus} GPUs), got {z!r}")
