@@ -157,9 +157,15 @@ def written_html(notebook: Path) -> str:
     nb = BaseExporter.load_notebook(str(notebook), filtering=True, pagebreaks=True)
     if not nb.cells:
         raise ValueError(f"{notebook}: no manually graded question to export")
+    questions = 0
     for cell in nb.cells:  # an accent on a bare command (\hat\xi) is read the same braced; braced is safer
         if cell.cell_type == "markdown":
             cell.source = re.sub(r"\\(hat|bar|tilde)\\([A-Za-z]+)", r"\\\1{\\\2}", cell.source)
+            if "<!-- BEGIN QUESTION -->" in cell.source:
+                # one question per page (Gradescope's template): otter's page breaks are LaTeX-only
+                if questions:
+                    cell.source = '<div style="break-before: page; page-break-before: always"></div>\n\n' + cell.source
+                questions += 1
     exporter = nbconvert.HTMLExporter(template_name="classic", exclude_input_prompt=True, exclude_output_prompt=True)
     exporter.mathjax_url = _local_mathjax()
     body, _ = exporter.from_notebook_node(nb)
