@@ -80,18 +80,18 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-# `make test` runs two jobs at once (2 cores): the unit and property tests, which need no built book, beside
-# the build of the site, its student edition, the PDF and the kit; then the tests of what was built and
-# every chapter under nbval, on two pytest-xdist workers (--dist loadfile: a test file, or a notebook, stays
-# whole on one worker, its cells in order).
-SITE_TESTS := tests/test_browser.py tests/test_launch.py tests/test_pdf.py tests/test_assignments.py
+# `make test` runs two jobs at once (2 cores): the unit, property and course-kit tests, which need no built
+# book, on two pytest-xdist workers beside the build of the site, its student edition and the PDF; then
+# the tests of what was built and every chapter under nbval, on two workers (--dist loadfile: a test
+# file, or a notebook, stays whole on one worker, its cells in order).
+SITE_TESTS := tests/test_browser.py tests/test_launch.py tests/test_pdf.py
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j2 test-unit test-site
 
 test-unit: $(STAMP)
-	$(PYTEST) $(foreach t,$(SITE_TESTS),--ignore=$(t)) tests
+	$(PYTEST) -n 2 $(foreach t,$(SITE_TESTS),--ignore=$(t)) tests
 
 test-site: book book-student pdf notebooks
 	$(PYTEST) -n 2 --dist loadfile --nbval-lax $(SITE_TESTS) _build/nbval
