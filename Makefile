@@ -20,7 +20,7 @@ export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
 
-.PHONY: book book-student pdf test test-unit test-site lab bench clean install notebooks assignments
+.PHONY: book book-student pdf test test-unit test-browser test-site lab bench clean install notebooks assignments
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -80,18 +80,22 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-# `make test` runs two jobs at once (2 cores): the unit, property and course-kit tests, which need no built
-# book, on two pytest-xdist workers beside the build of the site, its student edition and the PDF; then
-# the tests of what was built and every chapter under nbval, on two workers (--dist loadfile: a test
-# file, or a notebook, stays whole on one worker, its cells in order).
-SITE_TESTS := tests/test_browser.py tests/test_launch.py tests/test_pdf.py
+# `make test` runs three jobs at once on the 2 cores (CPU-bound work, so no core sits idle): the unit,
+# property and course-kit tests, which need no built book, on two pytest-xdist workers; the book build,
+# then the browser test of its pages; and, once the book is built, its student edition and the PDF,
+# then the tests of those and every chapter under nbval (two workers, --dist loadfile: a test file, or
+# a notebook, stays whole on one worker, its cells in order).
+SITE_TESTS := tests/test_launch.py tests/test_pdf.py
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 test-unit test-site
+	$(MAKE) --no-print-directory -j3 test-unit test-browser test-site
 
 test-unit: $(STAMP)
-	$(PYTEST) -n 2 $(foreach t,$(SITE_TESTS),--ignore=$(t)) tests
+	$(PYTEST) -n 2 $(foreach t,tests/test_browser.py $(SITE_TESTS),--ignore=$(t)) tests
+
+test-browser: book
+	$(PYTEST) tests/test_browser.py
 
 test-site: book book-student pdf notebooks
 	$(PYTEST) -n 2 --dist loadfile --nbval-lax $(SITE_TESTS) _build/nbval
