@@ -231,6 +231,24 @@ def _preempt(j, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp, q
 
 
 @njit(cache=True)
+def _free_block_check(s, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp, qhead, qtail, rc, adm_of,
+                      K, S, ref, pblocks, preemptions, recomputed, pre_list, npre):
+    """vLLM's check before running sequence ``s``: while no block is free, preempt the newest running
+    sequence, or ``s`` itself when none is newer. Returns (preemptions listed so far, whether ``s``
+    preempted itself)."""
+    while sc[_FREE] < 1:
+        tail = sc[_RTAIL]
+        v = tail if adm_of[tail] > adm_of[s] else s
+        _preempt(v, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp, qhead, qtail, rc,
+                 adm_of, K, S, ref, pblocks, preemptions, recomputed)
+        pre_list[npre] = v
+        npre += 1
+        if v == s:
+            return npre, True
+    return npre, False
+
+
+@njit(cache=True)
 def _moments(o, k):
     """For x = o, o+16, ... < k: (sum x, sum x(x-1)/2)."""
     B = BLOCK_TOKENS
@@ -731,22 +749,10 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
                     grow = 1
                 R[j] = window if window < base_b + grow else base_b + grow
         elif reactive:
-            stopped = False
             # vLLM's check before a sequence s: a free block, else preempt the newest (maybe s itself)
-            s = sc[_RHEAD]
-            while sc[_FREE] < 1:
-                tail = sc[_RTAIL]
-                if adm_of[tail] > adm_of[s]:
-                    v = tail
-                else:
-                    v = s
-                    stopped = True
-                _preempt(v, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp, qhead, qtail, rc,
-                         adm_of, K, S, ref, pblocks, preemptions, recomputed)
-                pre_list[npre] = v
-                npre += 1
-                if stopped:
-                    break
+            npre, stopped = _free_block_check(sc[_RHEAD], G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn,
+                                              qp, qhead, qtail, rc, adm_of, K, S, ref, pblocks, preemptions,
+                                              recomputed, pre_list, npre)
             if not stopped:
                 for i in range(na):
                     j, a = al_j[i], al_a[i]
@@ -756,41 +762,19 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
                     if sc[_FREE] == 0:
                         s = rn[j]
                         if s >= 0:
-                            done_check = False
-                            while sc[_FREE] < 1:
-                                tail = sc[_RTAIL]
-                                if adm_of[tail] > adm_of[s]:
-                                    v = tail
-                                else:
-                                    v = s
-                                    done_check = True
-                                _preempt(v, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp, qhead,
-                                         qtail, rc, adm_of, K, S, ref, pblocks, preemptions, recomputed)
-                                pre_list[npre] = v
-                                npre += 1
-                                if done_check:
-                                    break
+                            npre, done_check = _free_block_check(s, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0,
+                                                                 gprev, qn, qp, qhead, qtail, rc, adm_of, K, S, ref,
+                                                                 pblocks, preemptions, recomputed, pre_list, npre)
                             if done_check:
                                 break
         else:
-            stopped = False
             for i in range(na):
                 j, a = al_j[i], al_a[i]
                 if adm_of[j] != a:
                     continue
-                while sc[_FREE] < 1:
-                    tail = sc[_RTAIL]
-                    if adm_of[tail] > a:
-                        v = tail
-                    else:
-                        v = j
-                        stopped = True
-                    _preempt(v, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp, qhead, qtail, rc,
-                             adm_of, K, S, ref, pblocks, preemptions, recomputed)
-                    pre_list[npre] = v
-                    npre += 1
-                    if stopped:
-                        break
+                npre, stopped = _free_block_check(j, G, sc, rn, rp, rhl, tight, kv_off, g_off, own0, gprev, qn, qp,
+                                                  qhead, qtail, rc, adm_of, K, S, ref, pblocks, preemptions,
+                                                  recomputed, pre_list, npre)
                 if stopped:
                     break
                 sc[_FREE] -= 1
