@@ -48,9 +48,10 @@ book: $(STAMP) _build/assignments/index.json
 
 # For students: the same book with every exercise solution removed (sphinx-exercise's hide_solutions;
 # no _sources or download button; notebooks/ without solutions, Colab on gh-pages-student; the kvdro wheel),
-# sharing the execution cache of `make book`. `make book` keeps the solutions.
+# built after `make book`, whose execution cache it reads (two builds executing into one cache at once
+# race on its folders). `make book` keeps the solutions.
 STUDENT_CONFIG := _build/student/_config.yml
-book-student: $(STAMP) _build/assignments/index.json
+book-student: book
 	mkdir -p _build/student
 	$(BIN)/python -c "import os, yaml; c = yaml.safe_load(open('_config.yml')); sx = c.setdefault('sphinx', {}); \
 	  sx.setdefault('config', {})['hide_solutions'] = True; sx['config']['html_copy_source'] = False; \
