@@ -1,7 +1,9 @@
 """The built book works in a real browser with no network.
 
 Each chapter page of ``_build/html`` is opened from disk in headless Chromium with networking
-disabled (a dead proxy and a resolver that finds nothing). In the DOM after scripts have run:
+disabled (a dead proxy and a resolver that finds nothing), once: a copy of the page that measures
+itself (below) is loaded in a frame 1280 px wide, measured, then the frame is resized to 400 px and
+measured again. In the DOM after the page's own scripts have run:
 
 * every chart container placed by :mod:`kvdro.plotting` was drawn by the local Vega bundle (marked
   ``data-kvdro-rendered="vega"``, an ``<svg>`` inside, the static fallback gone);
@@ -10,9 +12,9 @@ disabled (a dead proxy and a resolver that finds nothing). In the DOM after scri
 The static HTML is also checked: no script is loaded from another host, and no cell output is a
 traceback (IPython prints, rather than raises, an exception thrown while *displaying* a chart).
 
-Layout, measured in the browser (an iframe of the given width around a copy of the page that
-measures itself once charts and MathJax are done, with every collapsed block opened -- a reader can
-open a hidden output or a solution, so it must fit too):
+Layout, measured in the browser (the copy of the page measures itself once charts and MathJax are
+done, with every collapsed block opened -- a reader can open a hidden output or a solution, so it
+must fit too):
 
 * at a laptop window (1280 px) no display equation and no chart reaches outside the article's text
   column (a cut-off equation or a chart whose legend hides behind a scrollbar fails), and no table,
@@ -28,8 +30,8 @@ open a hidden output or a solution, so it must fit too):
 Each failure names the page, the element (table by its header row and section, output by its longest
 line, chart by id and section) and by how many px it is too wide. Self-tests inject each kind of
 fault (a wide equation, chart, table, printed line; a fixed-width chart and a squeezed table at
-400 px; NaN cells) into a copy of a built page and check that the measurement reports it, so the
-layout tests cannot pass by measuring nothing.
+400 px), all at once, into a copy of a built page and check that the measurement reports each, and
+that the frame really was resized, so the layout tests cannot pass by measuring nothing.
 
 Run by ``make test`` after ``make book``. Without a built book the tests skip, unless
 ``KVDRO_REQUIRE_BOOK=1`` (set by the Makefile), when they fail. ``KVDRO_BOOK_HTML`` points the tests
@@ -40,6 +42,7 @@ Without Chromium they skip with the reason; ``.ci/run`` installs it.
 
 from __future__ import annotations
 
+import functools
 import html as html_lib
 import json
 import os
@@ -106,19 +109,9 @@ def chromium() -> str:
     pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it")
 
 
-def rendered_dom(page: Path) -> bs4.BeautifulSoup:
-    with tempfile.TemporaryDirectory() as profile:
-        result = subprocess.run(
-            [chromium(), *OFFLINE_FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert result.returncode == 0, f"chromium failed on {page}: {result.stderr[-2000:]}"
-    return bs4.BeautifulSoup(result.stdout, "html.parser")
-
-
+@functools.lru_cache(maxsize=None)
 def static_dom(page: Path) -> bs4.BeautifulSoup:
+    """The page as built (parsed once; read, never changed, by the tests)."""
     return bs4.BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")
 
 
@@ -136,24 +129,22 @@ def test_every_chapter_page_renders_charts_and_math_offline(pages):
         n_charts, n_math = len(before.select("div.kvdro-chart")), len(before.select(".math"))
         if n_charts or n_math:
             expected[page] = (n_charts, n_math)
-    with ThreadPoolExecutor(BROWSER_WORKERS) as pool:
-        rendered = dict(zip(expected, pool.map(rendered_dom, expected)))
+    measure_all(list(expected))
     for page, (n_charts, n_math) in expected.items():
-        dom = rendered[page]
-        charts = dom.select("div.kvdro-chart")
+        render = measured_layout(page, LAPTOP_PX)["render"]
+        charts = render["charts"]
         if len(charts) != n_charts:
             problems.append(f"{page.name}: {n_charts} charts in the HTML, {len(charts)} after scripts ran")
         for chart in charts:
-            if chart.get("data-kvdro-rendered") != "vega" or not chart.select(".kvdro-vega svg"):
-                problems.append(f"{page.name}: chart {chart.get('id')} not drawn ({chart.get('data-kvdro-error')})")
-            if chart.select(".kvdro-fallback"):
-                problems.append(f"{page.name}: chart {chart.get('id')} still shows its static fallback")
+            if chart["rendered"] != "vega" or not chart["svg"]:
+                problems.append(f"{page.name}: chart {chart['id']} not drawn ({chart['error']})")
+            if chart["fallback"]:
+                problems.append(f"{page.name}: chart {chart['id']} still shows its static fallback")
         charts_seen += len(charts)
         if n_math:
-            typeset = dom.select(".MathJax, .MathJax_Display, .MathJax_CHTML, mjx-container")
-            if not typeset:
+            if not render["typeset"]:
                 problems.append(f"{page.name}: {n_math} math elements, none typeset by MathJax")
-            if dom.select(".MathJax_Error, merror"):
+            if render["tex_errors"]:
                 problems.append(f"{page.name}: MathJax reported a TeX error")
     assert problems == [], "\n".join(problems)
     tested = {p.relative_to(HTML).with_suffix("").as_posix() for p in pages}
@@ -237,11 +228,21 @@ MEASURE_JS = r"""
     }
     return false;
   }
+  function rendered() {  // what the page's own scripts drew: Vega charts, MathJax
+    const charts = [];
+    document.querySelectorAll("div.kvdro-chart").forEach(function (c) {
+      charts.push({id: c.id, rendered: c.getAttribute("data-kvdro-rendered"), svg: !!c.querySelector(".kvdro-vega svg"),
+                   fallback: !!c.querySelector(".kvdro-fallback"), error: c.getAttribute("data-kvdro-error")});
+    });
+    return {charts: charts, typeset: document.querySelectorAll(".MathJax, .MathJax_Display, .MathJax_CHTML, mjx-container").length,
+            tex_errors: document.querySelectorAll(".MathJax_Error, merror").length};
+  }
   function measure() {
     const art = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
     const cs = getComputedStyle(art), a = art.getBoundingClientRect();
     const column = {left: a.left + parseFloat(cs.paddingLeft), right: a.right - parseFloat(cs.paddingRight)};
-    const out = {viewport: window.innerWidth, column: column, charts: [], math: [], tables: [], outputs: [], images: [], clipped: [], offscreen: []};
+    const out = {viewport: window.innerWidth, column: column, charts: [], math: [], tables: [], outputs: [], images: [], clipped: [], offscreen: [],
+                 render: rendered()};
     document.querySelectorAll("div.kvdro-chart").forEach(function (c) {
       const svg = c.querySelector(".kvdro-vega svg") || c.querySelector("svg");
       out.charts.push(Object.assign({id: c.id + " (" + section(c) + ")"}, rect(svg || c)));
@@ -310,25 +311,41 @@ MEASURE_JS = r"""
     document.querySelectorAll("article .toggle-hidden").forEach(function (e) { e.classList.remove("toggle-hidden"); });
   }
   window.addEventListener("load", function () { setTimeout(function () { openAll(); setTimeout(measure, 1000); }, 7000); });
+  // the wrapper resized the frame to the next width: let the layout (and any chart listening) settle, measure again
+  window.addEventListener("message", function (e) { if (e.data === "kvdro-remeasure") { setTimeout(measure, 1500); } });
 })();
 </script>
 """
 
 WRAPPER = """<!DOCTYPE html><html><body style="margin:0">
-<iframe src="{src}" style="border:0;width:{width}px;height:1000px"></iframe>
-<script>window.addEventListener("message", function (e) {{
-  const p = document.createElement("pre"); p.id = "kvdro-layout"; p.textContent = e.data; document.body.appendChild(p);
+<iframe id="kvdro-frame" src="{src}" style="border:0;width:{first}px;height:1000px"></iframe>
+<script>const widths = {widths}; let measured = 0;
+window.addEventListener("message", function (e) {{
+  const p = document.createElement("pre"); p.className = "kvdro-layout"; p.textContent = e.data; document.body.appendChild(p);
+  measured += 1;
+  if (measured < widths.length) {{
+    const frame = document.getElementById("kvdro-frame");
+    frame.style.width = widths[measured] + "px";
+    frame.contentWindow.postMessage("kvdro-remeasure", "*");
+  }}
 }});</script></body></html>"""
 
-_LAYOUTS: dict[tuple[Path, int], dict] = {}
+#: The widths every page is measured at, in this order, in one page load (the frame is resized between them).
+WIDTHS = (LAPTOP_PX, PHONE_PX)
+_LAYOUTS: dict[tuple[Path, str], dict[int, dict]] = {}
 
 
-def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
-    """Geometry of ``page`` rendered in a ``width`` px wide frame: the article's text column, every
-    chart, display equation, table (and the width its content asks for), printed output and output
-    image (left/right edges, px), and what is clipped (module docstring). Memoised without ``inject``."""
-    if not inject and (page, width) in _LAYOUTS:
-        return _LAYOUTS[(page, width)]
+def measured_layouts(page: Path, *, inject: str = "") -> dict[int, dict]:
+    """Geometry of ``page`` at each width of :data:`WIDTHS` -- the article's text column, every chart,
+    display equation, table (and the width its content asks for), printed output and output image
+    (left/right edges, px), what is clipped (module docstring) -- and what its scripts drew (``render``:
+    each chart's Vega state, the number of MathJax-typeset elements, TeX errors). One headless Chromium
+    loads a copy of the page (``inject`` placed at the top of its article) in a frame of the first
+    width, measures once charts and MathJax are done, resizes the frame to the next width and measures
+    again. Memoised per (page, inject)."""
+    key = (page, inject)
+    if key in _LAYOUTS:
+        return _LAYOUTS[key]
     text = page.read_text(encoding="utf-8")
     text = text.replace("<head>", f'<head><base href="{page.parent.as_uri()}/">', 1)
     if inject:
@@ -338,7 +355,7 @@ def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
         copy = Path(tmp) / page.name
         copy.write_text(text, encoding="utf-8")
         wrapper = Path(tmp) / "wrapper.html"
-        wrapper.write_text(WRAPPER.format(src=copy.as_uri(), width=width), encoding="utf-8")
+        wrapper.write_text(WRAPPER.format(src=copy.as_uri(), first=WIDTHS[0], widths=json.dumps(list(WIDTHS))), encoding="utf-8")
         result = subprocess.run(
             [chromium(), *OFFLINE_FLAGS, "--window-size=1400,1100", "--allow-file-access-from-files",
              f"--user-data-dir={tmp}/profile", "--dump-dom", wrapper.as_uri()],
@@ -346,12 +363,24 @@ def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
             text=True,
             timeout=180,
         )
-    match = re.search(r'<pre id="kvdro-layout">(.*?)</pre>', result.stdout, re.S)
-    assert match, f"{page.name}: no layout measured at {width} px (chromium: {result.stderr[-1000:]})"
-    layout = json.loads(html_lib.unescape(match.group(1)))
-    if not inject:
-        _LAYOUTS[(page, width)] = layout
-    return layout
+    found = [json.loads(html_lib.unescape(m)) for m in re.findall(r'<pre class="kvdro-layout">(.*?)</pre>', result.stdout, re.S)]
+    layouts = {round(layout["viewport"]): layout for layout in found}
+    missing = [w for w in WIDTHS if w not in layouts]
+    assert not missing, (f"{page.name}: no layout measured at {missing} px (measured at {sorted(layouts)}; "
+                         f"chromium: {result.stderr[-1000:]})")
+    _LAYOUTS[key] = layouts
+    return layouts
+
+
+def measured_layout(page: Path, width: int, *, inject: str = "") -> dict:
+    """:func:`measured_layouts` at one of :data:`WIDTHS`."""
+    return measured_layouts(page, inject=inject)[width]
+
+
+def measure_all(pages: list[Path]) -> None:
+    """Measure ``pages`` (:data:`BROWSER_WORKERS` Chromiums at a time) into the memo."""
+    with ThreadPoolExecutor(BROWSER_WORKERS) as pool:
+        list(pool.map(measured_layouts, pages))
 
 
 def _outside(item: dict, col: dict) -> float:
@@ -434,19 +463,17 @@ def nan_cells(dom: bs4.BeautifulSoup) -> list[str]:
     return bad
 
 
-def layout_pages(pages: list[Path], width: int | None = None) -> list[Path]:
-    """The pages with something to measure; with ``width``, their layouts at that width measured
-    (:data:`BROWSER_WORKERS` Chromiums at a time) and memoised first."""
+def layout_pages(pages: list[Path], measure: bool = False) -> list[Path]:
+    """The pages with something to measure; with ``measure``, their layouts measured and memoised first."""
     chosen = [p for p in pages if static_dom(p).select("div.kvdro-chart, div.math, table, div.cell_output")]
-    if width is not None:
-        with ThreadPoolExecutor(BROWSER_WORKERS) as pool:
-            list(pool.map(lambda p: measured_layout(p, width), chosen))
+    if measure:
+        measure_all(chosen)
     return chosen
 
 
 def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
     problems = []
-    for page in layout_pages(pages, LAPTOP_PX):
+    for page in layout_pages(pages, measure=True):
         layout = measured_layout(page, LAPTOP_PX)
         problems += [f"{page.name}: {p}" for p in overflows(layout)]
     assert problems == [], f"at {LAPTOP_PX} px:\n" + "\n".join(problems)
@@ -454,7 +481,7 @@ def test_no_equation_or_chart_overflows_the_column_at_laptop_width(pages):
 
 def test_no_table_or_output_is_wider_than_the_column_at_laptop_width(pages):
     problems = []
-    for page in layout_pages(pages, LAPTOP_PX):
+    for page in layout_pages(pages, measure=True):
         problems += [f"{page.name}: {p}" for p in wide_content(measured_layout(page, LAPTOP_PX))]
     assert problems == [], f"at {LAPTOP_PX} px ({len(problems)}):\n" + "\n".join(problems)
 
@@ -466,7 +493,7 @@ def test_no_table_cell_or_output_shows_nan(pages):
 
 def test_nothing_is_clipped_at_phone_width(pages):
     problems = []
-    for page in layout_pages(pages, PHONE_PX):
+    for page in layout_pages(pages, measure=True):
         layout = measured_layout(page, PHONE_PX)
         problems += [f"{page.name}: clipped {c}" for c in layout["clipped"]]
         problems += [f"{page.name}: off the screen {c}" for c in layout["offscreen"]]
@@ -484,47 +511,53 @@ SLIVER_TABLE = ('<div style="width:60px"><table id="kvdro-sliver"><tr><td>kvdro-
                 "<td>another cell that needs room to be read</td></tr></table></div>")
 
 
-def test_layout_measurement_catches_a_wide_equation_and_chart(pages):
-    """Inject an equation and a chart too wide for any column into a copy of a page: both reported.
-    (The book's CSS scales a chart's SVG down to the column; the injected one opts out of it.)"""
+WIDE_MATH = ('<div class="math notranslate nohighlight" id="kvdro-wide-eq">\\[' + " + ".join(f"x_{{{i}}}" for i in range(120))
+             + "\\]</div>")
+WIDE_CHART = ('<div class="kvdro-chart" id="kvdro-chart-wide" data-kvdro-rendered="vega"><div class="kvdro-vega">'
+              '<svg width="1500" height="20" style="max-width:none"></svg></div></div>')
+FIXED_CHART = ('<div class="kvdro-chart" id="kvdro-chart-fixed" data-kvdro-rendered="vega"><div class="kvdro-vega" style="overflow-x:auto">'
+               '<svg width="700" height="20" style="max-width:none"></svg></div></div>')
+#: Every injected fault at once: one page load measures them all, at both widths.
+FAULTS = WIDE_MATH + WIDE_CHART + WIDE_TABLE + WIDE_OUTPUT + BOXED_TABLE + FIXED_CHART + SLIVER_TABLE
+
+
+def faulty_layout(pages: list[Path], width: int) -> dict:
+    """The layout at ``width`` of a copy of the first measurable page with :data:`FAULTS` injected."""
     page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
-    wide_math = '<div class="math notranslate nohighlight" id="kvdro-wide-eq">\\[' + " + ".join(f"x_{{{i}}}" for i in range(120)) + "\\]</div>"
-    wide_chart = '<div class="kvdro-chart" id="kvdro-chart-wide" data-kvdro-rendered="vega"><div class="kvdro-vega"><svg width="1500" height="20" style="max-width:none"></svg></div></div>'
-    layout = measured_layout(page, LAPTOP_PX, inject=wide_math + wide_chart)
-    found = overflows(layout)
+    return measured_layout(page, width, inject=FAULTS)
+
+
+def test_layout_measurement_catches_a_wide_equation_and_chart(pages):
+    """An equation and a chart too wide for any column, injected into a copy of a page: both reported.
+    (The book's CSS scales a chart's SVG down to the column; the injected one opts out of it.)"""
+    found = overflows(faulty_layout(pages, LAPTOP_PX))
     assert any("kvdro-wide-eq" in f for f in found), found
     assert any("kvdro-chart-wide" in f for f in found), found
 
 
 def test_layout_measurement_catches_a_wide_table_and_a_long_printed_line(pages):
     """The laptop-width check reports a too-wide table and a printed line that scrolls, by name and px."""
-    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
-    found = wide_content(measured_layout(page, LAPTOP_PX, inject=WIDE_TABLE + WIDE_OUTPUT))
+    found = wide_content(faulty_layout(pages, LAPTOP_PX))
     assert any("column0 | column1" in f and "px wider than the column" in f for f in found), found
     assert any("kvdro-wide-output" in f and "printed line" in f for f in found), found
 
 
 def test_layout_measurement_catches_a_table_that_scrolls_in_its_box(pages):
     """A table that fits the column but whose content scrolls sideways inside its box is reported."""
-    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
-    found = wide_content(measured_layout(page, LAPTOP_PX, inject=BOXED_TABLE))
+    found = wide_content(faulty_layout(pages, LAPTOP_PX))
     assert any("boxcol0 | boxcol1" in f and "scrolls sideways" in f for f in found), found
 
 
 def test_phone_measurement_catches_a_fixed_width_chart_and_a_sliver_table(pages):
-    """At 400 px a chart that keeps its 700 px and a table squeezed to a sliver are both reported."""
-    page = layout_pages(pages)[0] if layout_pages(pages) else pages[0]
-    fixed = ('<div class="kvdro-chart" id="kvdro-chart-fixed" data-kvdro-rendered="vega"><div class="kvdro-vega" style="overflow-x:auto">'
-             '<svg width="700" height="20" style="max-width:none"></svg></div></div>')
-    found = squeezed_at_phone_width(measured_layout(page, PHONE_PX, inject=fixed + SLIVER_TABLE))
+    """At 400 px (the frame resized after the laptop measurement) a chart that keeps its 700 px and a
+    table squeezed to a sliver are both reported."""
+    found = squeezed_at_phone_width(faulty_layout(pages, PHONE_PX))
     assert any("kvdro-chart-fixed" in f and "does not shrink" in f for f in found), found
     assert any("kvdro-sliver" in f and "squeezed to" in f for f in found), found
 
 
-def test_nan_check_catches_nan_cells_and_printed_nan():
-    dom = bs4.BeautifulSoup(
-        '<article class="bd-article"><table><tr><th>rho</th><th>P99 [s]</th></tr><tr><td>10</td><td>NaN</td></tr></table>'
-        '<div class="cell_output"><pre>policy  cost\ndro     nan\n</pre></div>'
-        '<div class="cell_output"><pre>nanoseconds are fine, so is "–"</pre></div></article>', "html.parser")
-    found = nan_cells(dom)
-    assert len(found) == 2 and "rho | P99 [s]" in found[0] and "dro     nan" in found[1], found
+def test_the_frame_is_really_resized_between_the_two_measurements(pages):
+    """The phone measurement is not the laptop one read twice: the column is narrower, within the frame."""
+    laptop, phone = faulty_layout(pages, LAPTOP_PX), faulty_layout(pages, PHONE_PX)
+    assert laptop["viewport"] == LAPTOP_PX and phone["viewport"] == PHONE_PX
+    assert phone["column"]["right"] - phone["column"]["left"] < PHONE_PX < laptop["column"]["right"] - laptop["column"]["left"]
