@@ -24,8 +24,9 @@ CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m 
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev,sharegpt]"
+	# uv installs the same pins as pip (constraints.txt) in ~6 s instead of ~60 s; pip if uv cannot be had
+	$(BIN)/python -m pip install --quiet -c constraints.txt uv && $(BIN)/uv pip install --python $(BIN)/python --quiet \
+	  -c constraints.txt -e ".[book,dev,sharegpt]" || $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev,sharegpt]"
 	$(BIN)/python -c "from kvdro.sim.engine_compiled import warm_up; warm_up()"  # numba's cache, once
 	touch $(STAMP)
 
