@@ -82,8 +82,9 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-# `make test` runs three jobs at once on the 2 cores (CPU-bound work, so no core sits idle): the unit,
-# property and course-kit tests, which need no built book, on two pytest-xdist workers; the book build,
+# `make test` runs three jobs at once on the 2 cores (CPU-bound work, so no core sits idle), after the
+# course kit (built once: the book links it, the kit tests grade it): the unit, property and course-kit
+# tests, which need no built book, on two pytest-xdist workers; the book build,
 # then the browser test of its pages; and, once the book is built, its student edition and the PDF,
 # then the tests of those and every chapter under nbval (two workers, --dist loadfile: a test file, or
 # a notebook, stays whole on one worker, its cells in order).
@@ -93,8 +94,8 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j3 test-unit test-browser test-site
 
-test-unit: $(STAMP)
-	$(PYTEST) -n 2 $(foreach t,tests/test_browser.py $(SITE_TESTS),--ignore=$(t)) tests
+test-unit: $(STAMP) _build/assignments/index.json
+	KVDRO_KIT_DIR=$(abspath _build/assignments) $(PYTEST) -n 2 $(foreach t,tests/test_browser.py $(SITE_TESTS),--ignore=$(t)) tests
 
 test-browser: book
 	$(PYTEST) tests/test_browser.py

@@ -1,6 +1,7 @@
 """The course kit (book/assignments): masters, student notebooks and otter-grader autograders.
 
-Built once per session into a temporary folder with the same code as ``make assignments``. For
+Built once per session into a temporary folder with the same code as ``make assignments`` (or read
+from ``KVDRO_KIT_DIR``, where ``make test`` points at the kit ``make assignments`` built). For
 every assignment: the master's solutions get full points from ``otter run`` (public and hidden
 tests); the student notebook runs top to bottom without error (``otter run --debug`` stops on any
 error) and scores zero; the student notebook contains no solution line and no hidden test; plausible
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,12 +36,23 @@ sys.path.insert(0, str(ROOT / "book" / "assignments"))
 # ----------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory, data_dir) -> Path:
-    """Every assignment built by book/assignments/build.py into a temporary folder."""
-    out = tmp_path_factory.mktemp("assignments")
+    """Every assignment built by book/assignments/build.py: into a temporary folder, or, with
+    ``KVDRO_KIT_DIR`` set, the kit already built there (``make test`` points it at the kit that
+    ``make assignments`` keeps up to date with the masters, build.py and kvdro, so it is built once)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("KVDRO_DATA_DIR", str(data_dir))
     try:
-        build.build(out)
+        if os.environ.get("KVDRO_KIT_DIR"):
+            out = Path(os.environ["KVDRO_KIT_DIR"])
+            index = out / "index.json"
+            assert index.is_file(), f"KVDRO_KIT_DIR={out}: no index.json there (run `make assignments`)"
+            built = sorted(a["name"] for a in json.loads(index.read_text()))
+            assert built == ASSIGNMENTS, f"KVDRO_KIT_DIR={out} holds {built}, the masters are {ASSIGNMENTS}"
+            stale = [m.name for m in build.masters().values() if m.stat().st_mtime > index.stat().st_mtime]
+            assert not stale, f"KVDRO_KIT_DIR={out} is older than {stale} (run `make assignments`)"
+        else:
+            out = tmp_path_factory.mktemp("assignments")
+            build.build(out)
         yield out
     finally:
         mp.undo()
