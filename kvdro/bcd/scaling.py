@@ -23,14 +23,16 @@ import numpy as np
 from kvdro.hardware import A100_80GB, LLAMA2_70B, PAPER_CONFIGS, ParallelConfig, config_performance
 from kvdro.joint import Instance
 from kvdro.joint.paper import DEFAULT_LOAD, SIZES, azure_classes
-from kvdro.workload import RequestClass, fit_class_model, synthetic_classes
+from kvdro.joint.paper import _base_models as paper_base_models
+from kvdro.workload import RequestClass, synthetic_classes
 
 __all__ = ["random_small_instance", "scaled_instance"]
 
 
-@lru_cache(maxsize=1)
 def _base_models():
-    return tuple(fit_class_model(c) for c in azure_classes())
+    """The EM fits of the six real classes: the large family's, read from data/paper_base_models.json
+    (:func:`kvdro.joint.paper.fit_base_models` refits them where the file does not match the traces)."""
+    return paper_base_models()
 
 
 @lru_cache(maxsize=1)
