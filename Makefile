@@ -18,7 +18,7 @@ export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 export KVDRO_REQUIRE_BOOK := 1
 
-CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'file:\s*(\S+)', open('_toc.yml').read())))")
+CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'(?:root|file):\s*(\S+)', open('_toc.yml').read())))")
 
 .PHONY: book book-student pdf test test-unit test-browser test-site lab bench clean install notebooks assignments
 
