@@ -20,7 +20,7 @@ export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'(?:root|file):\s*(\S+)', open('_toc.yml').read())))")
 
-.PHONY: book book-student pdf test test-unit test-browser test-site lab bench clean install notebooks assignments
+.PHONY: book book-student pdf test test-unit test-kit test-nbval test-browser test-site lab bench clean install notebooks assignments
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,8 @@ assignments: _build/assignments/index.json
 
 # After the build: .ipynb copies of the chapters and student notebooks in _build/html/notebooks, and
 # the Colab launch links pointed at them (book/assignments/publish.py).
-book: $(STAMP) _build/assignments/index.json
+# (In `make test`, BOOK_AFTER=test-nbval: the book is built after nbval has filled its execution cache.)
+book: $(STAMP) _build/assignments/index.json | $(BOOK_AFTER)
 	$(BIN)/jupyter-book build -n -W --keep-going .
 	$(BIN)/python book/assignments/publish.py --html _build/html --kit _build/assignments
 	@du -sh _build/html
@@ -82,26 +83,37 @@ notebooks: $(STAMP)
 	  fi; \
 	done
 
-# `make test` runs three jobs at once on the 2 cores (CPU-bound work, so no core sits idle), after the
-# course kit (built once: the book links it, the kit tests grade it): the unit, property and course-kit
-# tests, which need no built book, on two pytest-xdist workers; the book build,
-# then the browser test of its pages; and, once the book is built, its student edition and the PDF,
-# then the tests of those and every chapter under nbval (two workers, --dist loadfile: a test file, or
-# a notebook, stays whole on one worker, its cells in order).
+# `make test` executes every chapter once: nbval runs them first (two workers, --dist loadfile: a
+# notebook stays whole on one worker, its cells in order) and, through tests/nbval_record.py, stores the
+# outputs of every chapter that passed in the book's jupyter-cache, so the book build that follows renders
+# them instead of executing the chapters again (a chapter whose code differs, or that failed, it executes).
+# Beside that, from the start: the course kit (built once: the book links it, the kit tests grade it),
+# the unit and property tests on two pytest-xdist workers, then the course-kit tests; after the book,
+# the browser test of its pages, its student edition and the PDF, then the tests of those. Four jobs at
+# once on the 2 cores: the work is CPU-bound, so no core sits idle.
 SITE_TESTS := tests/test_launch.py tests/test_pdf.py
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+NBVAL_EXECUTED := _build/nbval-executed
 
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j3 test-unit test-browser test-site
+	$(MAKE) --no-print-directory -j4 BOOK_AFTER=test-nbval test-unit test-kit test-browser test-site
 
-test-unit: $(STAMP) _build/assignments/index.json
-	KVDRO_KIT_DIR=$(abspath _build/assignments) $(PYTEST) -n 2 $(foreach t,tests/test_browser.py $(SITE_TESTS),--ignore=$(t)) tests
+test-unit: $(STAMP)
+	$(PYTEST) -n 2 $(foreach t,tests/test_browser.py tests/test_assignments.py $(SITE_TESTS),--ignore=$(t)) tests
+
+test-kit: $(STAMP) _build/assignments/index.json
+	KVDRO_KIT_DIR=$(abspath _build/assignments) $(PYTEST) tests/test_assignments.py
+
+test-nbval: notebooks
+	rm -rf $(NBVAL_EXECUTED)
+	KVDRO_NBVAL_EXECUTED=$(abspath $(NBVAL_EXECUTED)) PYTHONPATH=tests $(PYTEST) -n 2 --dist loadfile --nbval-lax -p nbval_record _build/nbval
+	$(BIN)/python tests/nbval_record.py $(NBVAL_EXECUTED) _build/.jupyter_cache
 
 test-browser: book
 	$(PYTEST) tests/test_browser.py
 
-test-site: book book-student pdf notebooks
-	$(PYTEST) -n 2 --dist loadfile --nbval-lax $(SITE_TESTS) _build/nbval
+test-site: book book-student pdf
+	$(PYTEST) -n 2 --dist loadfile $(SITE_TESTS)
 
 # Open .md chapters as notebooks by default (jupytext), not in the text editor.
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings
