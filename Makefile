@@ -27,10 +27,15 @@ $(STAMP): pyproject.toml constraints.txt
 	# uv installs the same pins as pip (constraints.txt) in ~6 s instead of ~60 s; pip if uv cannot be had
 	$(BIN)/python -m pip install --quiet -c constraints.txt uv && $(BIN)/uv pip install --python $(BIN)/python --quiet \
 	  -c constraints.txt -e ".[book,dev,sharegpt]" || $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev,sharegpt]"
-	$(BIN)/python -c "from kvdro.sim.engine_compiled import warm_up; warm_up()"  # numba's cache, once
 	touch $(STAMP)
 
-install: $(STAMP)
+# numba's on-disk cache of the compiled engine, once per install (16 CPU s); the kit builds beside it
+WARM := $(VENV)/.numba-warm
+$(WARM): $(STAMP) kvdro/sim/_engine_kernels.py
+	$(BIN)/python -c "from kvdro.sim.engine_compiled import warm_up; warm_up()"
+	touch $(WARM)
+
+install: $(WARM)
 
 # The course kit (chapter 10): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
 # autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
@@ -43,7 +48,7 @@ assignments: _build/assignments/index.json
 # After the build: .ipynb copies of the chapters and student notebooks in _build/html/notebooks, and
 # the Colab launch links pointed at them (book/assignments/publish.py).
 # (In `make test`, BOOK_AFTER=test-nbval: the book is built after nbval has filled its execution cache.)
-book: $(STAMP) _build/assignments/index.json | $(BOOK_AFTER)
+book: $(WARM) _build/assignments/index.json | $(BOOK_AFTER)
 	$(BIN)/jupyter-book build -n -W --keep-going .
 	$(BIN)/python book/assignments/publish.py --html _build/html --kit _build/assignments
 	@du -sh _build/html
@@ -77,11 +82,8 @@ pdf: book
 
 notebooks: $(STAMP)
 	rm -rf _build/nbval && mkdir -p _build/nbval
-	for f in $(CHAPTERS); do \
-	  if grep -q '{code-cell}' $$f; then \
-	    $(BIN)/jupytext --quiet --to ipynb --output _build/nbval/$$(basename $${f%.md}).ipynb $$f; \
-	  fi; \
-	done
+	$(BIN)/python -c "import pathlib, sys, jupytext; [jupytext.write(jupytext.read(f), f'_build/nbval/{pathlib.Path(f).stem}.ipynb') \
+	  for f in sys.argv[1:] if '{code-cell}' in pathlib.Path(f).read_text()]" $(CHAPTERS)  # one process for all: jupytext --to ipynb
 
 # `make test` executes every chapter once: nbval runs them first (two workers, --dist loadfile: a
 # notebook stays whole on one worker, its cells in order) and, through tests/nbval_record.py, stores the
@@ -98,13 +100,13 @@ NBVAL_EXECUTED := _build/nbval-executed
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 BOOK_AFTER=test-nbval test-unit test-kit test-browser test-site
 
-test-unit: $(STAMP)
+test-unit: $(WARM)
 	$(PYTEST) -n 2 $(foreach t,tests/test_browser.py tests/test_assignments.py $(SITE_TESTS),--ignore=$(t)) tests
 
 test-kit: $(STAMP) _build/assignments/index.json
 	KVDRO_KIT_DIR=$(abspath _build/assignments) $(PYTEST) tests/test_assignments.py
 
-test-nbval: notebooks
+test-nbval: notebooks $(WARM)
 	rm -rf $(NBVAL_EXECUTED)
 	KVDRO_NBVAL_EXECUTED=$(abspath $(NBVAL_EXECUTED)) PYTHONPATH=tests $(PYTEST) -n 2 --dist loadfile --nbval-lax -p nbval_record _build/nbval
 	$(BIN)/python tests/nbval_record.py $(NBVAL_EXECUTED) _build/.jupyter_cache

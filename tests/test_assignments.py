@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import zipfile
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from pathlib import Path
 
 import jupytext
@@ -58,14 +58,37 @@ def kit(tmp_path_factory, data_dir) -> Path:
         mp.undo()
 
 
-def _otter_run(kit: Path, name: str, notebook: Path, out: Path, *, debug: bool = False) -> dict[str, tuple[float, float]]:
-    """Grade ``notebook`` with ``otter run`` (no Docker); return {question: (score, max_score)}."""
-    zip_path = kit / name / "autograder" / f"{name}-autograder.zip"
-    cmd = [sys.executable, "-m", "otter", "run", "--no-logo", "-a", str(zip_path), "-o", str(out), str(notebook)]
-    if debug:
-        cmd.insert(4, "--debug")
-    run = subprocess.run(cmd, capture_output=True, text=True)  # inherits KVDRO_DATA_DIR (set by ``kit``)
-    assert run.returncode == 0, f"otter run failed on {notebook.name} (debug={debug}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+#: One grading process: ``otter run`` (otter.run.main, what the command line calls) for each job in
+#: turn, so that otter is imported once per process and not once per notebook (5 s each). A job that
+#: raises (with ``debug``, the first cell of the notebook that raises) leaves its traceback in
+#: ``error.txt`` in its output folder instead of ``results.json``.
+_GRADER = r"""
+import json, sys, traceback
+from pathlib import Path
+import otter.run
+for job in json.loads(sys.argv[1]):
+    try:
+        otter.run.main(job["notebook"], autograder=job["autograder"], output_dir=job["out"], no_logo=True, debug=job["debug"])
+    except BaseException:
+        Path(job["out"], "error.txt").write_text(traceback.format_exc())
+"""
+
+
+def _otter_jobs(kit: Path, jobs: list[dict]) -> subprocess.Popen:
+    """Start one grading process for ``jobs`` (dicts: name, notebook, out, debug); no Docker."""
+    payload = [{"notebook": str(j["notebook"]), "out": str(j["out"]), "debug": j["debug"],
+                "autograder": str(kit / j["name"] / "autograder" / f"{j['name']}-autograder.zip")} for j in jobs]
+    # inherits KVDRO_DATA_DIR (set by ``kit``)
+    return subprocess.Popen([sys.executable, "-c", _GRADER, json.dumps(payload)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _scores(out: Path, what: str, log: str) -> dict[str, tuple[float, float]]:
+    """{question: (score, max_score)} of a finished job, or the reason it has none."""
+    if (out / "error.txt").exists():
+        raise AssertionError(f"otter run failed on {what}:\n{(out / 'error.txt').read_text()[-3000:]}")
+    if not (out / "results.json").exists():
+        raise AssertionError(f"otter run wrote no results for {what}:\n{log[-3000:]}")
     results = json.loads((out / "results.json").read_text())
     return {t["name"]: (float(t["score"]), float(t["max_score"])) for t in results["tests"] if "max_score" in t}
 
@@ -190,26 +213,36 @@ def test_first_code_cell_installs_kvdro_only_where_missing(kit, name, tmp_path, 
 
 
 # ----------------------------------------------------------------------------------------- grading
-#: ``otter run`` processes at once: each grades one notebook in its own kernel (one core each).
+#: Grading processes at once: each grades its share of the notebooks in turn, each notebook in its own
+#: kernel (one core each).
 GRADING_WORKERS = 2
 
 
 @pytest.fixture(scope="module")
 def graded(kit, tmp_path_factory) -> dict[tuple[str, str], Future]:
-    """Every master and every blank student notebook graded by ``otter run``, :data:`GRADING_WORKERS`
-    at a time: {(name, "master" | "student"): future of :func:`_otter_run`'s scores}. A failed run
-    raises in the test that reads it."""
-    jobs = {}
-    with ThreadPoolExecutor(GRADING_WORKERS) as pool:
-        for name in ASSIGNMENTS:
-            jobs[(name, "master")] = pool.submit(_otter_run, kit, name, kit / name / "autograder" / f"{name}.ipynb",
-                                                 tmp_path_factory.mktemp(f"{name}-master"))
-            # --debug: otter stops (non-zero exit) on the first cell that raises, so the blank notebook's
-            # run also proves that it runs top to bottom
-            jobs[(name, "student")] = pool.submit(_otter_run, kit, name, kit / name / "student" / f"{name}.ipynb",
-                                                  tmp_path_factory.mktemp(f"{name}-student"), debug=True)
-        wait(jobs.values())
-    return jobs
+    """Every master and every blank student notebook graded by ``otter run``, in :data:`GRADING_WORKERS`
+    processes: {(name, "master" | "student"): future of the scores, {question: (score, max_score)}}.
+    A failed run raises in the test that reads it."""
+    jobs = []
+    for name in ASSIGNMENTS:
+        jobs.append({"key": (name, "master"), "name": name, "notebook": kit / name / "autograder" / f"{name}.ipynb",
+                     "out": tmp_path_factory.mktemp(f"{name}-master"), "debug": False})
+        # debug: otter stops (an exception) on the first cell that raises, so the blank notebook's run also
+        # proves that it runs top to bottom
+        jobs.append({"key": (name, "student"), "name": name, "notebook": kit / name / "student" / f"{name}.ipynb",
+                     "out": tmp_path_factory.mktemp(f"{name}-student"), "debug": True})
+    shares = [jobs[i::GRADING_WORKERS] for i in range(GRADING_WORKERS)]
+    procs = [_otter_jobs(kit, share) for share in shares]
+    logs = [proc.communicate()[0] for proc in procs]
+    futures = {}
+    for share, log in zip(shares, logs):
+        for job in share:
+            future = futures[job["key"]] = Future()
+            try:
+                future.set_result(_scores(job["out"], f"{job['notebook'].name} (debug={job['debug']})", log))
+            except AssertionError as exc:
+                future.set_exception(exc)
+    return futures
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
