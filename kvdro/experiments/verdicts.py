@@ -213,7 +213,7 @@ def arm_units(rows: pd.DataFrame, arm_cols: Sequence[str], arms: Sequence[tuple]
         m = np.ones(len(rows), dtype=bool)
         for c, v in zip(arm_cols, arm):
             m &= (rows[c] == v).to_numpy()
-        r = rows[m].sort_values("seed")
+        r = rows.loc[m, ["seed", *columns]].sort_values("seed")  # only the columns used: a wide frame copies slowly
         if len(r) == 0:
             raise ValueError(f"rows: no run for arm {dict(zip(arm_cols, arm))}")
         if seeds is None:
@@ -250,8 +250,8 @@ def _gain(rows: pd.DataFrame, arm_col: str, a, b, term: str) -> unc.Interval:
 def _identical(rows: pd.DataFrame, arm_col: str, arms: Sequence) -> bool:
     """The arms' runs are the same in the engine: the same plan (``plan_key``), else the same
     per-block sums of cost and goodput in every seed."""
-    r = rows[rows[arm_col].isin(arms)]
-    keys = ["plan_key"] if "plan_key" in r.columns else [k for k in ("blk_total", "blk_good", "blk_realised") if k in r.columns]
+    keys = ["plan_key"] if "plan_key" in rows.columns else [k for k in ("blk_total", "blk_good", "blk_realised") if k in rows.columns]
+    r = rows.loc[rows[arm_col].isin(arms), [arm_col, "seed", *keys]]  # only the columns compared
 
     def runs(a):
         part = r[r[arm_col] == a].sort_values("seed")
