@@ -37,7 +37,7 @@ $(WARM): $(STAMP) kvdro/sim/_engine_kernels.py
 
 install: $(WARM)
 
-# The course kit (chapter 10): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
+# The course kit (chapter 12): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
 # autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
 ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py book/assignments/kit_guard.py $(shell find kvdro -name '*.py')
 _build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
