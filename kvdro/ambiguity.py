@@ -65,6 +65,7 @@ __all__ = [
     "distance",
     "guarantee_radius",
     "holdout_radius",
+    "kl_coverage",
     "kl_problem",
     "kl_worst_case_cost",
     "kl_reservation",
@@ -73,6 +74,7 @@ __all__ = [
     "ks_worst_case_cost",
     "ks_worst_case_distribution",
     "robust_solution",
+    "two_point_w1_coverage",
     "scarf_problem",
     "scarf_reservation",
     "scarf_worst_case_cost",
@@ -611,6 +613,59 @@ def guarantee_radius(kind: str, n: int, beta: float, L_max: float | None = None)
     if L_max is None:
         raise ValueError("L_max must be given for the 'wasserstein' radius")
     return support_bound(L_max) * d
+
+
+def two_point_w1_coverage(n: int, beta: float) -> tuple[float, float]:
+    """The lowest exact coverage of the W1 guarantee ball over two-point laws, and where it is reached.
+
+    For ``P`` with mass ``p`` at ``L_max`` and ``1 - p`` at 0, ``W_1(P, P_N) = L_max |K/n - p|`` with
+    ``K ~ Binomial(n, p)``, so the coverage of :func:`guarantee_radius` (``"wasserstein"``) is
+    ``P(|K/n - p| <= d)``, ``d = sqrt(log(2/beta) / (2 n))``, exactly and whatever ``L_max``. It jumps
+    where ``p`` crosses ``k/n +- d``; the infimum over ``p`` is approached there, so the function
+    evaluates just past every such point (and on a grid). Returns ``(coverage, p)``. This shows that
+    the ``>= 1 - beta`` guarantee is the floor, and that Uniform(0, L)'s measured coverage is not
+    (two-point laws reach lower).
+    """
+    from scipy.stats import binom
+
+    k_n = _count(n)
+    b = _beta(beta)
+    d = math.sqrt(math.log(2 / b) / (2 * k_n))
+    k = np.arange(k_n + 1)
+    tiny = 1e-9
+    p = np.concatenate([k / k_n + d + tiny, k / k_n - d - tiny, np.linspace(0.0005, 0.9995, 2000)])
+    p = p[(p > 0) & (p < 1)]
+    pmf = binom.pmf(k[None, :], k_n, p[:, None])  # (points, outcomes)
+    cover = np.where(np.abs(k[None, :] / k_n - p[:, None]) <= d, pmf, 0.0).sum(axis=1)
+    i = int(np.argmin(cover))
+    return float(cover[i]), float(p[i])
+
+
+def kl_coverage(
+    population: ArrayLike, n: int, beta: float, c_p: float, c_w: float, *, trials: int, rng: np.random.Generator
+) -> float:
+    """Monte-Carlo coverage of the KL radius ``chi2_{1, 1-2 beta} / (2 n)`` at a finite ``n``.
+
+    Each trial draws ``n`` i.i.d. outputs [tokens] from ``population`` (its empirical law is the truth),
+    takes the sample's SAA buffer and asks whether the KL-robust value at :func:`guarantee_radius`
+    (``"kl"``) is at least the true expected cost of that buffer. Returns the share of trials where it
+    is; the calibration is asymptotic, so at small ``n`` this falls short of ``1 - beta``.
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+    try:
+        pop = as_samples(population)
+    except ValueError as exc:
+        raise ValueError(f"population: {exc}") from None
+    c_p, c_w = check_costs(c_p, c_w)
+    t = _count(trials, "trials")
+    radius = guarantee_radius("kl", n, beta)
+    hits = 0
+    for _ in range(t):
+        x = rng.choice(pop, int(n))
+        eta = saa_reservation(x, c_p, c_w)
+        hits += kl_worst_case_cost(x, eta, c_p, c_w, radius) >= expected_cost(pop, eta, c_p, c_w)
+    return hits / t
 
 
 def distance(kind: str, a: ArrayLike, b: ArrayLike) -> float:

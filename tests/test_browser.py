@@ -167,6 +167,33 @@ def test_no_output_is_a_traceback(pages):
     assert bad == [], f"pages showing a Python traceback in an output: {bad}"
 
 
+#: What a reader must never see in a page: our shell (a developer's interpreter path, the data folder
+#: of our checkout on a command line) or an absolute path of the machine that built the book. (Setting
+#: ``KVDRO_DATA_DIR`` to a placeholder such as ``/path/to/traces`` is an instruction to the reader.)
+DEVELOPER_STRINGS = re.compile(r"\.venv/bin/python|KVDRO_DATA_DIR=\.\./\S*|/work/main/|/work/shared/")
+
+
+def developer_strings(text: str) -> list[str]:
+    """Each match of :data:`DEVELOPER_STRINGS` in a page's visible text (scripts and styles left out)."""
+    soup = bs4.BeautifulSoup(text, "html.parser")
+    for tag in soup(["script", "style"]):
+        tag.decompose()
+    return DEVELOPER_STRINGS.findall(soup.get_text(" "))
+
+
+def test_the_developer_string_guard_sees_a_command_line():
+    assert developer_strings("<pre>KVDRO_DATA_DIR=../shared/data .venv/bin/python -m kvdro.bench</pre>") == [
+        "KVDRO_DATA_DIR=../shared/data", ".venv/bin/python"]
+    assert developer_strings("<pre>export KVDRO_DATA_DIR=/path/to/traces</pre>") == []
+    assert developer_strings("<p>python -m kvdro.bench exact</p><script>'/work/main/'</script>") == []
+
+
+def test_no_page_prints_a_developer_command_line_or_path(pages):
+    """Outputs and prose show results and the commands a reader types, not our shell (issue 34)."""
+    bad = {p.name: found for p in pages if (found := developer_strings(p.read_text(encoding="utf-8")))}
+    assert bad == {}, f"pages showing a developer command line or path: {bad}"
+
+
 def test_chart_ids_are_stable_hashes(pages):
     ids = [c.get("id") for p in pages for c in static_dom(p).select("div.kvdro-chart")]
     assert all(re.fullmatch(r"kvdro-chart-[0-9a-f]{16}", i or "") for i in ids)
