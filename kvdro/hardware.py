@@ -42,7 +42,24 @@ __all__ = [
     "fit_attention_efficiency",
     "ConfigPerformance",
     "A100_80GB",
+    "H100_80GB",
+    "H200_141GB",
     "LLAMA2_70B",
+    "LLAMA31_70B",
+    "R1_DISTILL_LLAMA_70B",
+    "LLAMA3_8B",
+    "LLAMA2_7B",
+    "QWEN_72B",
+    "MODELS",
+    "GPUS",
+    "model_by_name",
+    "gpu_by_name",
+    "check_deployment",
+    "deployments_that_fit",
+    "mixed_step_time",
+    "mixed_step_times",
+    "VIDUR_PROFILES",
+    "VIDUR_ALLREDUCE",
     "PAPER_CONFIGS",
     "BLOCK_TOKENS",
     "GPU_MEMORY_UTILIZATION",
@@ -78,7 +95,9 @@ class GPU:
     of the peak figures that real kernels reach; ``kernel_overhead_s`` is added once per kernel;
     ``gemm_tile`` (tokens) is the tile to which the row count of a GEMM is rounded up;
     ``attention_efficiency`` is the fraction of HBM bandwidth decode attention reaches when it reads
-    the cached K/V (``None``: the same as the GEMMs' ``hbm_efficiency``).
+    the cached K/V (``None``: the same as the GEMMs' ``hbm_efficiency``). ``spec_only`` marks a GPU
+    with no measured profile of its own: its capacities are the datasheet's and its efficiencies are
+    borrowed from a measured GPU of the same architecture (:data:`H200_141GB`).
     """
 
     name: str
@@ -93,6 +112,7 @@ class GPU:
     nvlink_efficiency: float = 1.0
     allreduce_latency_s: float = 0.0
     attention_efficiency: float | None = None
+    spec_only: bool = False
 
     def __post_init__(self) -> None:
         for field in ("hbm_bytes", "hbm_bandwidth", "peak_flops", "nvlink_bandwidth"):
@@ -135,7 +155,12 @@ class GPU:
 
 @dataclass(frozen=True)
 class Model:
-    """A dense decoder-only transformer (Llama family: gated MLP, grouped-query attention)."""
+    """A dense decoder-only transformer (Llama family: gated MLP, grouped-query attention).
+
+    ``ffn`` is the width of *one* of the gated MLP's gate/up projections; ``n_kv_heads == n_heads``
+    is a model without grouped-query attention; ``max_context`` is the context window (the engine's
+    ``max_model_len`` default: prompt + output tokens one sequence may hold) [tokens].
+    """
 
     name: str
     n_layers: int
@@ -147,9 +172,10 @@ class Model:
     n_params: int
     dtype_bytes: int
     vocab: int
+    max_context: int = 4096
 
     def __post_init__(self) -> None:
-        for field in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "head_dim", "n_params", "dtype_bytes", "vocab"):
+        for field in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "head_dim", "n_params", "dtype_bytes", "vocab", "max_context"):
             value = getattr(self, field)
             if int(value) != value or value < 1:
                 raise ValueError(f"{field} must be a positive integer, got {value!r}")
@@ -198,7 +224,128 @@ LLAMA2_70B = Model(
     n_params=_llama_params(80, 8192, 28672, 64, 8, 128, 32000),
     dtype_bytes=2,
     vocab=32000,
+    max_context=4096,  # config.json max_position_embeddings
 )
+
+# ---------------------------------------------------------------------------------------------------
+# More models and GPUs (issue 33). Every shape is the model's Hugging Face config.json; Vidur's profile
+# of each (../shared/data/vidur-profiling, columns n_head, n_kv_head, n_embd, n_expanded_embd) has the
+# same shapes (its vocab_size is padded: 32,768 for Llama-2, unused by the profiled operators).
+# ---------------------------------------------------------------------------------------------------
+
+# Llama-3.1-70B. Source: meta-llama/Llama-3.1-70B config.json: the shapes of Llama-2-70B (80 layers,
+# hidden 8192, intermediate 28672, 64 heads, 8 KV heads of 128) with vocab_size 128256,
+# max_position_embeddings 131072, torch_dtype bfloat16. 70,553,706,496 parameters (HF: 70.6 B).
+# Vidur's profile is of Meta-Llama-3-70B (8,192-token window), whose shapes are these.
+LLAMA31_70B = Model(
+    name="Llama-3.1-70B", n_layers=80, hidden=8192, ffn=28672, n_heads=64, n_kv_heads=8, head_dim=128,
+    n_params=_llama_params(80, 8192, 28672, 64, 8, 128, 128256), dtype_bytes=2, vocab=128256,
+    max_context=131072,
+)
+# DeepSeek-R1-Distill-Llama-70B. Source: deepseek-ai/DeepSeek-R1-Distill-Llama-70B config.json
+# (LlamaForCausalLM distilled from R1 onto Llama-3.3-70B-Instruct): the same shapes, vocab 128256,
+# max_position_embeddings 131072, bfloat16. The reasoning model the ServeGen R1 workload stands for.
+R1_DISTILL_LLAMA_70B = replace(LLAMA31_70B, name="DeepSeek-R1-Distill-Llama-70B")
+# Llama-3-8B. Source: meta-llama/Meta-Llama-3-8B config.json (32 layers, hidden 4096, intermediate
+# 14336, 32 heads, 8 KV heads, vocab 128256, max_position_embeddings 8192, bfloat16); 8,030,261,248
+# parameters (HF: 8.03 B).
+LLAMA3_8B = Model(
+    name="Llama-3-8B", n_layers=32, hidden=4096, ffn=14336, n_heads=32, n_kv_heads=8, head_dim=128,
+    n_params=_llama_params(32, 4096, 14336, 32, 8, 128, 128256), dtype_bytes=2, vocab=128256,
+    max_context=8192,
+)
+# Llama-2-7B. Source: meta-llama/Llama-2-7b-hf config.json (32 layers, hidden 4096, intermediate 11008,
+# 32 heads, num_key_value_heads 32: no GQA, vocab 32000, max_position_embeddings 4096, float16);
+# 6,738,415,616 parameters (HF: 6.74 B). 512 KiB of KV per token, 1.6x Llama-2-70B's 320 KiB.
+LLAMA2_7B = Model(
+    name="Llama-2-7B", n_layers=32, hidden=4096, ffn=11008, n_heads=32, n_kv_heads=32, head_dim=128,
+    n_params=_llama_params(32, 4096, 11008, 32, 32, 128, 32000), dtype_bytes=2, vocab=32000,
+    max_context=4096,
+)
+# Qwen-72B (the first Qwen). Source: Qwen/Qwen-72B config.json (QWenLMHeadModel: num_hidden_layers 80,
+# hidden_size 8192, num_attention_heads 64, kv_channels 128, no GQA; intermediate_size 49152 counts
+# both halves of the gated MLP, so 24,576 per projection; vocab_size 152064, the tokenizer's 151,936
+# padded to a multiple of 128 (Qwen-7B ships 151,936); seq_length 32768; bf16) and Vidur's
+# Qwen72BModelConfig (vidur/config/model_config.py: mlp_hidden_dim 24576, vocab 152064,
+# max_position_embeddings 32768, use_qkv_bias). Parameters: the Llama count plus the QKV biases
+# (80 x 3 x 8192); 72.29 B. 2.5 MiB of KV per token: 8x Llama-3.1-70B's.
+QWEN_72B = Model(
+    name="Qwen-72B", n_layers=80, hidden=8192, ffn=24576, n_heads=64, n_kv_heads=64, head_dim=128,
+    n_params=_llama_params(80, 8192, 24576, 64, 64, 128, 152064) + 80 * 3 * 8192, dtype_bytes=2,
+    vocab=152064, max_context=32768,
+)
+
+# H100-SXM5-80GB. Sources: NVIDIA H100 Tensor Core GPU datasheet (2023, SXM5 column): 80 GB HBM3 at
+# 3.35 TB/s, 989.4 TFLOP/s dense BF16/FP16 tensor core (1,979 with sparsity), fourth-generation NVLink
+# 900 GB/s total = 450 GB/s per direction. Capacity: nvidia-smi reports 81,559 MiB for "NVIDIA H100
+# 80GB HBM3" (modal-labs/modal-client PR 2797; NVIDIA/nccl issue 1264).
+# Efficiencies: `calibrate` fitted to Vidur's H100 profiles (h100-llama2-70b-mlp.csv, TP in {1, 2};
+# all_reduce_h100_dgx.csv, 2 and 4 GPUs), exactly as for the A100; tests/test_hardware_models.py
+# re-fits and compares, and validates them on Llama-2-7B, Qwen-72B and the held-out TP degrees.
+H100_80GB = GPU(
+    name="H100-SXM5-80GB",
+    hbm_bytes=81559 * 2**20,
+    hbm_bandwidth=3.35e12,
+    peak_flops=989.4e12,
+    nvlink_bandwidth=450e9,
+    hbm_efficiency=0.913,  # fitted: 3.06 TB/s achieved by memory-bound GEMMs
+    compute_efficiency=0.703,  # fitted: 696 TFLOP/s achieved by large GEMMs
+    kernel_overhead_s=6.4e-6,  # fitted: per-kernel launch/tail overhead
+    gemm_tile=128,  # assumption, as for the A100
+    nvlink_efficiency=0.756,  # fitted: ring all-reduce bus bandwidth 340 GB/s
+    allreduce_latency_s=27.7e-6,  # fitted: NCCL all-reduce fixed cost
+    # No H100 attention measurement here: A100's ratio of attention to GEMM bandwidth (0.39 / 0.775,
+    # fit_attention_efficiency on lmdeploy's A100 decode latencies) times H100's hbm_efficiency.
+    attention_efficiency=0.459,
+)
+
+# H200-SXM-141GB: SPEC ONLY. Source: NVIDIA H200 Tensor Core GPU datasheet (2024): 141 GB HBM3e at
+# 4.8 TB/s; the H100's GH100 die, so the same 989.4 TFLOP/s dense BF16 and 900 GB/s NVLink. Capacity
+# taken as 141 x 10^9 bytes (the datasheet's figure, decimal: a lower bound). No measured profile of
+# the H200 exists here: every efficiency is H100's (same die, same kernels), an assumption -- its
+# faster HBM3e may not reach the same fraction of peak.
+H200_141GB = replace(
+    H100_80GB,
+    name="H200-SXM-141GB (spec only: H100 efficiencies)",
+    hbm_bytes=141 * 10**9,
+    hbm_bandwidth=4.8e12,
+    spec_only=True,
+)
+
+#: Models by lower-case registry name (:func:`model_by_name`).
+MODELS: dict[str, Model] = {
+    "llama-2-70b": LLAMA2_70B,
+    "llama-3.1-70b": LLAMA31_70B,
+    "deepseek-r1-distill-llama-70b": R1_DISTILL_LLAMA_70B,
+    "llama-3-8b": LLAMA3_8B,
+    "llama-2-7b": LLAMA2_7B,
+    "qwen-72b": QWEN_72B,
+}
+#: GPUs by lower-case registry name (:func:`gpu_by_name`).
+GPUS: dict[str, GPU] = {"a100-80gb": A100_80GB, "h100-80gb": H100_80GB, "h200-141gb": H200_141GB}
+
+
+def _by_name(registry: dict, name: object, what: str, argument: str):
+    if not isinstance(name, str):
+        raise ValueError(f"{argument} must be a {what} name (str), got {type(name).__name__} {name!r}; known: {sorted(registry)}")
+    key = name.strip().lower()
+    if key not in registry:
+        raise ValueError(f"{argument}: unknown {what} {name!r}; known: {sorted(registry)}")
+    return registry[key]
+
+
+def model_by_name(name: str) -> Model:
+    """The :class:`Model` registered as ``name`` (case-insensitive, e.g. ``"llama-3.1-70b"``).
+
+    Raises ValueError naming the unknown name and listing the known ones (:data:`MODELS`)."""
+    return _by_name(MODELS, name, "model", "name")
+
+
+def gpu_by_name(name: str) -> GPU:
+    """The :class:`GPU` registered as ``name`` (case-insensitive, e.g. ``"h100-80gb"``).
+
+    Raises ValueError naming the unknown name and listing the known ones (:data:`GPUS`)."""
+    return _by_name(GPUS, name, "GPU", "name")
 
 #: Tokens per PagedAttention KV block (vLLM's default block size) :cite:`kwon2023vllm`.
 BLOCK_TOKENS = 16
@@ -358,6 +505,51 @@ def kv_capacity_tokens(
     return blocks * BLOCK_TOKENS
 
 
+def check_deployment(
+    model: Model,
+    gpu: GPU,
+    tp: int,
+    pp: int,
+    *,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    activation_reserve_bytes: int = ACTIVATION_RESERVE_BYTES,
+) -> int:
+    """Check that ``model`` can be served by ``tp`` x ``pp`` GPUs of kind ``gpu``; return its KV capacity
+    M_k [tokens] (:func:`kv_capacity_tokens`).
+
+    Raises ValueError naming the argument when it cannot: ``model``/``gpu`` of the wrong type, a ``tp``
+    that does not divide the heads, ``pp`` above the layers, or weights + activation reserve that leave
+    no KV block in ``gpu_memory_utilization`` of the GPU's memory (the message names ``tp``, ``pp`` and
+    the per-GPU weight bytes). With ``max_model_len`` [tokens] it also applies vLLM's start-up check
+    (``vllm/v1/core/kv_cache_utils.py``, ``check_enough_kv_cache_memory``, v0.11): the pool must hold
+    one sequence of that many tokens, else ValueError naming ``max_model_len``.
+    """
+    tokens = kv_capacity_tokens(model, gpu, tp, pp, gpu_memory_utilization, activation_reserve_bytes)
+    if max_model_len is not None:
+        _check_degree(max_model_len, "max_model_len")
+        if max_model_len > tokens:
+            raise ValueError(
+                f"max_model_len={max_model_len}: the KV pool of {model.name} on tp={tp}, pp={pp} x {gpu.name} "
+                f"holds only {tokens} tokens (one sequence of max_model_len must fit)"
+            )
+    return tokens
+
+
+def deployments_that_fit(
+    model: Model, gpu: GPU, gpus: int = 8, max_model_len: int | None = None
+) -> tuple[ParallelConfig, ...]:
+    """Every (TP, PP) of :func:`configs_for` (``gpus``) that :func:`check_deployment` accepts."""
+    fits = []
+    for c in configs_for(gpus):
+        try:
+            check_deployment(model, gpu, c.tp, c.pp, max_model_len=max_model_len)
+        except ValueError:
+            continue
+        fits.append(c)
+    return tuple(fits)
+
+
 def prefill_flops_per_token(model: Model, prompt_tokens: float = 0.0) -> float:
     """alpha of (1): mean FLOPs per token when a prompt of ``prompt_tokens`` tokens is prefilled.
 
@@ -499,6 +691,198 @@ def step_time(
     out_rows = decode_seqs + (1 if prefill_tokens else 0)
     head = linear_op_time(gpu, out_rows, model.hidden, math.ceil(model.vocab / tp), model.dtype_bytes)
     return model.n_layers * per_layer + head + (pp - 1) * _p2p_time(gpu, act / tp)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Mixed prefill/decode steps (issue 32): engines that run prefill chunks beside decodes in one step
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Scalar:
+    """Python-float arithmetic for :func:`_mixed_step_core` (one step, no numpy overhead)."""
+
+    ceil = staticmethod(math.ceil)
+    maximum = staticmethod(max)
+
+    @staticmethod
+    def where(condition, value):
+        return value if condition else 0.0
+
+
+class _Vector:
+    """numpy arithmetic for :func:`_mixed_step_core` (many steps at once)."""
+
+    ceil = staticmethod(np.ceil)
+    maximum = staticmethod(np.maximum)
+
+    @staticmethod
+    def where(condition, value):
+        return np.where(condition, value, 0.0)
+
+
+def _mixed_step_core(model: Model, gpu: GPU, tp: int, pp: int, pf, n_dec, ctx, chunks, pairs, kv_read, xp):
+    """The cost model of :func:`step_time`, generalised to mixed steps, in one place for both backends
+    (``xp`` = :class:`_Scalar` or :class:`_Vector`). The operations and their order are
+    :func:`step_time`'s -- :func:`linear_op_time`, :func:`elementwise_op_time`, :func:`allreduce_time`
+    and ``_p2p_time`` inlined -- so the results agree with it bit for bit where both apply."""
+    eff_flops = gpu.compute_efficiency * gpu.peak_flops
+    eff_bw = gpu.hbm_efficiency * gpu.hbm_bandwidth
+    eff_nv = gpu.nvlink_efficiency * gpu.nvlink_bandwidth
+    b = model.dtype_bytes
+
+    def gemm(m, k, n):  # linear_op_time
+        flops = 2.0 * (xp.ceil(m / gpu.gemm_tile) * gpu.gemm_tile) * k * n
+        moved = b * (k * n + m * k + m * n)
+        return xp.where(m > 0, gpu.kernel_overhead_s + xp.maximum(flops / eff_flops, moved / eff_bw))
+
+    def elementwise(moved):  # elementwise_op_time
+        return xp.where(moved > 0, gpu.kernel_overhead_s + moved / eff_bw)
+
+    rows = pf + n_dec
+    act = b * rows * model.hidden  # one activation tensor [bytes]
+    per_layer = 0
+    for k, n in linear_operators(model, tp).values():
+        per_layer = per_layer + gemm(rows, k, n)
+    per_layer = per_layer + 4 * elementwise(2 * act)  # 2 norms, residual add, RoPE (read + write)
+    per_layer = per_layer + elementwise(3 * b * rows * model.ffn / tp)  # SiLU(gate) * up
+    kv_layer_token = kv_bytes_per_token(model) / model.n_layers / tp
+    decoding = (n_dec > 0) & (ctx > 0)
+    per_layer = per_layer + xp.where(decoding, gpu.kernel_overhead_s + ctx * kv_layer_token / gpu.attention_bandwidth)
+    attn_flops = 2.0 * pairs * model.n_heads * model.head_dim / tp
+    prefill_attn = gpu.kernel_overhead_s + xp.maximum(attn_flops / eff_flops, kv_read * kv_layer_token / eff_bw)
+    per_layer = per_layer + xp.where(pf > 0, prefill_attn)
+    if tp > 1:
+        per_layer = per_layer + 2 * xp.where(act > 0, gpu.allreduce_latency_s + 2.0 * (tp - 1) / tp * act / eff_nv)
+    total = model.n_layers * per_layer + gemm(n_dec + chunks, model.hidden, math.ceil(model.vocab / tp))
+    if pp > 1:
+        total = total + (pp - 1) * xp.where(act > 0, gpu.allreduce_latency_s + act / tp / eff_nv)
+    return xp.where(rows > 0, total)
+
+
+def _step_array(name: str, value: object, size: int | None = None) -> np.ndarray:
+    """A 1-D float64 array of finite non-negative numbers (a scalar is broadcast to ``size``)."""
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim == 0 and size is not None:
+        arr = np.full(size, float(arr))
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a number or a 1-D array, got shape {arr.shape}")
+    if size is not None and len(arr) != size:
+        raise ValueError(f"{name} must have {size} entries (one per step), got {len(arr)}")
+    if not (np.all(np.isfinite(arr)) and np.all(arr >= 0)):
+        raise ValueError(f"{name} must hold finite numbers >= 0")
+    return arr
+
+
+def mixed_step_times(
+    model: Model,
+    gpu: GPU,
+    tp: int,
+    pp: int,
+    prefill_tokens: np.ndarray,
+    decode_seqs: np.ndarray,
+    decode_context_tokens: np.ndarray,
+    *,
+    prefill_seqs: np.ndarray | None = None,
+    prefill_attention_tokens2: np.ndarray | None = None,
+    prefill_kv_tokens: np.ndarray | None = None,
+) -> np.ndarray:
+    """Seconds of many engine steps at once, each a mix of prefill chunks and decodes (vectorised).
+
+    Entry ``s`` of every array describes step ``s``: ``prefill_tokens`` new prompt tokens in
+    ``prefill_seqs`` chunks (default: one chunk if any), whose causal attention covers
+    ``prefill_attention_tokens2`` = sum over chunks of (p + c)^2 - p^2 token pairs (c the chunk, p the
+    prefix already cached; default ``prefill_tokens**2``) and reads the K/V of ``prefill_kv_tokens`` =
+    sum of p + c tokens (default ``prefill_tokens``); ``decode_seqs`` sequences generating one token
+    each, whose caches hold ``decode_context_tokens`` tokens in total.
+
+    The cost model is :func:`step_time`'s, term by term:
+
+    * token-proportional operators -- the four GEMMs of each layer, the element-wise kernels, the two
+      all-reduces and the pipeline hand-off -- run once on all ``prefill_tokens + decode_seqs`` rows of
+      the step (validated against Vidur's measured operators, :func:`step_time_error_table`);
+    * decode attention reads every cached K/V byte of the decoding sequences at the attention
+      kernels' bandwidth (:attr:`GPU.attention_bandwidth`, fitted to lmdeploy's measured decode
+      latencies by :func:`fit_attention_efficiency`; no attention kernel profile is available);
+    * prefill attention is a roofline max of its causal FLOPs (2 x pairs x n_heads x head_dim / tp per
+      layer, as in :func:`step_time`) and the K/V bytes of its chunks *with their prefixes* at the
+      GEMMs' bandwidth (a chunk attends to its whole prefix);
+    * the LM head runs on one row per decode and one per prefill chunk: vLLM v1 computes logits at the
+      last scheduled position of every request in the step (``vllm/v1/worker/gpu_model_runner.py``,
+      ``logits_indices``), and discards the token of a partial chunk.
+
+    A pure-decode step (no prefill) and a one-chunk pure-prefill step equal :func:`step_time` bit for
+    bit (``tests/test_hardware_models.py``). Raises ValueError naming the argument for negative or
+    non-finite entries, arrays of unequal length, or decode context without decodes.
+    """
+    _check_model(model)
+    _check_gpu(gpu)
+    _check_tp_pp(tp, pp)
+    pf = _step_array("prefill_tokens", prefill_tokens)
+    size = len(pf)
+    n_dec = _step_array("decode_seqs", decode_seqs, size)
+    ctx = _step_array("decode_context_tokens", decode_context_tokens, size)
+    chunks = (pf > 0).astype(float) if prefill_seqs is None else _step_array("prefill_seqs", prefill_seqs, size)
+    pairs = pf * pf if prefill_attention_tokens2 is None else _step_array("prefill_attention_tokens2", prefill_attention_tokens2, size)
+    kv_read = pf if prefill_kv_tokens is None else _step_array("prefill_kv_tokens", prefill_kv_tokens, size)
+    if np.any((ctx > 0) & (n_dec == 0)):
+        raise ValueError("decode_context_tokens must be 0 in a step whose decode_seqs is 0")
+    if np.any((chunks > 0) != (pf > 0)):
+        raise ValueError("prefill_seqs must be >= 1 exactly where prefill_tokens > 0")
+    return _mixed_step_core(model, gpu, tp, pp, pf, n_dec, ctx, chunks, pairs, kv_read, _Vector)
+
+
+def mixed_step_time(
+    model: Model,
+    gpu: GPU,
+    tp: int,
+    pp: int,
+    prefill_tokens: int | np.ndarray,
+    decode_context_tokens: np.ndarray,
+    *,
+    prefill_prefix_tokens: int | np.ndarray = 0,
+) -> float:
+    """Seconds of one engine step that runs prefill chunks beside decodes (vLLM v1, SGLang, TRT-LLM).
+
+    ``prefill_tokens``: the new prompt tokens of each prefill chunk in the step (a number for one
+    chunk, an array for several; 0 or an empty array for none); ``prefill_prefix_tokens``: the tokens
+    each chunk's request already has in the cache (earlier chunks, a cached prefix; default 0);
+    ``decode_context_tokens``: the context length of each decoding sequence (the cached tokens its
+    attention reads this step) [tokens]. The cost model is :func:`mixed_step_times` (one step);
+    with no decodes and one chunk without prefix it is :func:`step_time` ``(L, 0, 0)``, with no
+    prefill it is :func:`step_time` ``(0, n, sum of contexts)``, both exactly.
+    """
+    _check_model(model)
+    _check_gpu(gpu)
+    _check_tp_pp(tp, pp)
+    ctx = np.asarray(decode_context_tokens, dtype=float)
+    if ctx.ndim != 1:
+        raise ValueError(f"decode_context_tokens must be a 1-D array (one context length per decode), got shape {ctx.shape}")
+    ctx_total = float(ctx.sum())
+    if len(ctx) and not (ctx.min() >= 1 and math.isfinite(ctx_total)):
+        raise ValueError("decode_context_tokens must hold finite context lengths >= 1")
+    if _is_number(prefill_tokens) and _is_number(prefill_prefix_tokens):  # one chunk: the common case
+        c, p = float(prefill_tokens), float(prefill_prefix_tokens)
+        for name, value in (("prefill_tokens", c), ("prefill_prefix_tokens", p)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        live = c > 0
+        pf, chunks, pairs, kv_read = (c, 1.0, (p + c) ** 2 - p**2, p + c) if live else (0.0, 0.0, 0.0, 0.0)
+    else:
+        chunk_arr = np.atleast_1d(np.asarray(prefill_tokens, dtype=float))
+        if chunk_arr.ndim != 1:
+            raise ValueError(f"prefill_tokens must be a number or a 1-D array, got shape {chunk_arr.shape}")
+        prefix = np.asarray(prefill_prefix_tokens, dtype=float)
+        prefix = np.full(len(chunk_arr), float(prefix)) if prefix.ndim == 0 else prefix
+        if prefix.shape != chunk_arr.shape:
+            raise ValueError(f"prefill_prefix_tokens must match prefill_tokens ({len(chunk_arr)} chunks), got shape {prefix.shape}")
+        for name, arr in (("prefill_tokens", chunk_arr), ("prefill_prefix_tokens", prefix)):
+            if not (np.all(np.isfinite(arr)) and np.all(arr >= 0)):
+                raise ValueError(f"{name} must hold finite numbers >= 0")
+        alive = chunk_arr > 0
+        c, p = chunk_arr[alive], prefix[alive]
+        pf, chunks = float(c.sum()), float(alive.sum())
+        pairs, kv_read = float(np.sum((p + c) ** 2 - p**2)), float(np.sum(p + c))
+    return float(_mixed_step_core(model, gpu, tp, pp, pf, float(len(ctx)), ctx_total, chunks, pairs, kv_read, _Scalar))
 
 
 @dataclass(frozen=True)
@@ -777,6 +1161,24 @@ def read_vidur_allreduce(path: str | os.PathLike[str], statistic: str = "median"
             "measured_s": one_node[col].astype(float).to_numpy() * 1e-3,
         }
     )
+
+
+#: Vidur's measured operator profiles by (GPU, model) registry names: (the kvdro.datasets name of the
+#: per-layer profile, the model that was profiled). Llama-3.1-70B and DeepSeek-R1-Distill-Llama-70B
+#: have Meta-Llama-3-70B's shapes, so its profile stands for them; no profile exists here of
+#: Llama-3-70B or Llama-3-8B on the H100, nor of any model on the H200.
+VIDUR_PROFILES: dict[tuple[str, str], tuple[str, str]] = {
+    ("a100-80gb", "llama-2-70b"): ("vidur-a100-llama2-70b-mlp", "Llama-2-70B"),
+    ("a100-80gb", "llama-3.1-70b"): ("vidur-a100-llama3-70b-mlp", "Meta-Llama-3-70B"),
+    ("a100-80gb", "llama-3-8b"): ("vidur-a100-llama3-8b-mlp", "Meta-Llama-3-8B"),
+    ("a100-80gb", "llama-2-7b"): ("vidur-a100-llama2-7b-mlp", "Llama-2-7B"),
+    ("a100-80gb", "qwen-72b"): ("vidur-a100-qwen-72b-mlp", "Qwen-72B"),
+    ("h100-80gb", "llama-2-70b"): ("vidur-h100-llama2-70b-mlp", "Llama-2-70B"),
+    ("h100-80gb", "llama-2-7b"): ("vidur-h100-llama2-7b-mlp", "Llama-2-7B"),
+    ("h100-80gb", "qwen-72b"): ("vidur-h100-qwen-72b-mlp", "Qwen-72B"),
+}
+#: Vidur's all-reduce profile of each GPU's node (DGX A100, DGX H100), as kvdro.datasets names.
+VIDUR_ALLREDUCE: dict[str, str] = {"a100-80gb": "vidur-a100-allreduce", "h100-80gb": "vidur-h100-allreduce"}
 
 
 def _gemm_features(model: Model, tp: np.ndarray, tokens: np.ndarray, operator: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

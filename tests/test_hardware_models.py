@@ -1,0 +1,184 @@
+"""kvdro.hardware beyond Llama-2-70B on the A100: the model/GPU registry, deployments that fit, the
+mixed prefill/decode step time, and the step-time model's error against Vidur's measured profiles."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvdro import hardware as hw
+from kvdro.hardware import ParallelConfig
+
+GIB = 2**30
+
+# ------------------------------------------------------------------ the registry
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "kv_bytes", "window"),
+    [
+        # parameter counts as Hugging Face reports them (safetensors metadata), KV bytes by hand
+        ("llama-2-70b", 68_976_648_192, 2 * 80 * 8 * 128 * 2, 4096),
+        ("llama-3.1-70b", 70_553_706_496, 2 * 80 * 8 * 128 * 2, 131072),
+        ("deepseek-r1-distill-llama-70b", 70_553_706_496, 2 * 80 * 8 * 128 * 2, 131072),
+        ("llama-3-8b", 8_030_261_248, 2 * 32 * 8 * 128 * 2, 8192),
+        ("llama-2-7b", 6_738_415_616, 2 * 32 * 32 * 128 * 2, 4096),
+        ("qwen-72b", 72_287_920_128, 2 * 80 * 64 * 128 * 2, 32768),
+    ],
+)
+def test_models_by_hand(name, params, kv_bytes, window):
+    m = hw.model_by_name(name)
+    assert m.n_params == params
+    assert hw.kv_bytes_per_token(m) == kv_bytes
+    assert m.max_context == window
+    assert hw.model_by_name(name.upper()) is m  # case-insensitive
+
+
+def test_no_gqa_models_hold_more_kv_per_token():
+    assert hw.kv_bytes_per_token(hw.LLAMA2_7B) == 512 * 1024  # the README's 512 KiB
+    assert hw.kv_bytes_per_token(hw.QWEN_72B) == 8 * hw.kv_bytes_per_token(hw.LLAMA31_70B)
+    assert hw.kv_bytes_per_token(hw.LLAMA2_7B) == 4 * hw.kv_bytes_per_token(hw.LLAMA3_8B)
+
+
+def test_model_shapes_match_the_vidur_profiles(data_dir, monkeypatch):
+    from kvdro import datasets
+
+    monkeypatch.setenv("KVDRO_DATA_DIR", str(data_dir))
+    for (gpu_name, model_name), (dataset, _) in hw.VIDUR_PROFILES.items():
+        shapes = pd.read_csv(datasets.fetch(dataset), usecols=["n_head", "n_kv_head", "n_embd", "n_expanded_embd"]).drop_duplicates()
+        m = hw.model_by_name(model_name)
+        assert shapes.values.tolist() == [[m.n_heads, m.n_kv_heads, m.hidden, m.ffn]], (gpu_name, model_name)
+
+
+def test_default_window_keeps_llama2_behaviour():
+    assert hw.LLAMA2_70B.max_context == 4096
+    m = hw.Model("x", 1, 8, 8, 1, 1, 8, 100, 2, 10)
+    assert m.max_context == 4096
+    with pytest.raises(ValueError, match="max_context"):
+        hw.Model("x", 1, 8, 8, 1, 1, 8, 100, 2, 10, max_context=0)
+
+
+def test_gpus_by_name_and_specs():
+    a100, h100, h200 = (hw.gpu_by_name(n) for n in ("a100-80gb", "h100-80gb", "h200-141gb"))
+    assert a100 is hw.A100_80GB
+    assert h100.hbm_bandwidth == 3.35e12 and h100.peak_flops == 989.4e12 and h100.nvlink_bandwidth == 450e9
+    assert h100.hbm_bytes == 81559 * 2**20 and not h100.spec_only
+    # H200: spec only, labelled so; H100's efficiencies, its own memory and bandwidth
+    assert h200.spec_only and "spec only" in h200.name
+    assert h200.hbm_bandwidth == 4.8e12 and h200.hbm_bytes == 141 * 10**9
+    for field in ("hbm_efficiency", "compute_efficiency", "kernel_overhead_s", "nvlink_efficiency",
+                  "allreduce_latency_s", "attention_efficiency", "peak_flops", "nvlink_bandwidth"):
+        assert getattr(h200, field) == getattr(h100, field), field
+
+
+def test_unknown_names_are_refused_listing_the_known():
+    with pytest.raises(ValueError, match=r"'llama-9-900b'.*llama-2-70b.*qwen-72b"):
+        hw.model_by_name("llama-9-900b")
+    with pytest.raises(ValueError, match=r"'b200'.*a100-80gb.*h200-141gb"):
+        hw.gpu_by_name("b200")
+    with pytest.raises(ValueError, match="name"):
+        hw.model_by_name(None)  # type: ignore[arg-type]
+
+
+def test_deployment_that_does_not_fit_is_refused():
+    # 141 GB of Llama-3.1-70B weights on one 80 GB GPU
+    with pytest.raises(ValueError, match=r"tp=1, pp=1"):
+        hw.check_deployment(hw.LLAMA31_70B, hw.A100_80GB, 1, 1)
+    # on two they fit (65.7 GiB each), but the 4.3 GiB left per GPU cannot hold one 131,072-token
+    # sequence: vLLM refuses to start with the model's full window there
+    tokens = hw.check_deployment(hw.LLAMA31_70B, hw.A100_80GB, 2, 1)
+    assert 20_000 < tokens < hw.LLAMA31_70B.max_context
+    with pytest.raises(ValueError, match="max_model_len=131072"):
+        hw.check_deployment(hw.LLAMA31_70B, hw.A100_80GB, 2, 1, max_model_len=hw.LLAMA31_70B.max_context)
+    # 144.6 GB of Qwen-72B weights exceed even one 141 GB H200
+    with pytest.raises(ValueError, match=r"tp=1, pp=1"):
+        hw.check_deployment(hw.QWEN_72B, hw.H200_141GB, 1, 1)
+    with pytest.raises(ValueError, match="max_model_len"):
+        hw.check_deployment(hw.LLAMA31_70B, hw.A100_80GB, 4, 1, max_model_len=10**7)
+    with pytest.raises(ValueError, match="tp"):
+        hw.check_deployment(hw.LLAMA2_7B, hw.A100_80GB, 3, 1)  # 3 does not divide 32 heads
+    assert hw.check_deployment(hw.LLAMA31_70B, hw.H200_141GB, 2, 1) > 100_000
+    assert hw.check_deployment(hw.LLAMA2_7B, hw.A100_80GB, 1, 1, max_model_len=4096) == hw.kv_capacity_tokens(hw.LLAMA2_7B, hw.A100_80GB, 1, 1)
+
+
+def test_deployments_that_fit():
+    a100 = hw.deployments_that_fit(hw.LLAMA31_70B, hw.A100_80GB, 8)
+    assert ParallelConfig(1, 1) not in a100 and ParallelConfig(2, 1) in a100 and ParallelConfig(4, 2) in a100
+    full_window = hw.deployments_that_fit(hw.LLAMA31_70B, hw.A100_80GB, 8, max_model_len=131072)
+    assert ParallelConfig(2, 1) not in full_window and ParallelConfig(4, 1) in full_window
+    h200 = hw.deployments_that_fit(hw.LLAMA31_70B, hw.H200_141GB, 8)
+    assert ParallelConfig(2, 1) in h200 and ParallelConfig(1, 1) not in h200
+    assert ParallelConfig(1, 1) in hw.deployments_that_fit(hw.LLAMA3_8B, hw.A100_80GB, 1)
+
+
+# ------------------------------------------------------------------ mixed prefill/decode steps
+
+_CASES = [(m, g, tp, pp) for m in ("llama-2-70b", "llama-3.1-70b", "llama-2-7b", "qwen-72b")
+          for g in ("a100-80gb", "h100-80gb") for tp, pp in ((1, 1), (2, 1), (4, 1), (8, 1), (4, 2))]
+
+
+@pytest.mark.parametrize(("model", "gpu", "tp", "pp"), _CASES)
+def test_mixed_step_reduces_to_step_time_exactly(model, gpu, tp, pp, rng):
+    m, g, c = hw.model_by_name(model), hw.gpu_by_name(gpu), ParallelConfig(tp, pp)
+    for L in (1, 100, 128, 129, 2000, 4096):
+        assert hw.mixed_step_time(m, g, tp, pp, L, []) == hw.step_time(m, g, c, L, 0, 0)
+        assert hw.mixed_step_times(m, g, tp, pp, [L], [0], [0])[0] == hw.step_time(m, g, c, L, 0, 0)
+    for n in (1, 7, 64, 256):
+        ctx = rng.integers(1, 8000, n)
+        assert hw.mixed_step_time(m, g, tp, pp, 0, ctx) == hw.step_time(m, g, c, 0, n, int(ctx.sum()))
+        assert hw.mixed_step_times(m, g, tp, pp, [0], [n], [ctx.sum()])[0] == hw.step_time(m, g, c, 0, n, int(ctx.sum()))
+
+
+def test_mixed_step_structure():
+    m, g = hw.LLAMA31_70B, hw.H100_80GB
+    ctx = np.full(64, 2000)
+    both = hw.mixed_step_time(m, g, 4, 1, 512, ctx)
+    pre, dec = hw.mixed_step_time(m, g, 4, 1, 512, []), hw.mixed_step_time(m, g, 4, 1, 0, ctx)
+    # one pass over the weights serves both: far cheaper than a prefill step then a decode step
+    assert max(pre, dec) < both < pre + dec
+    # decode attention is linear in the total context; a chunk's cost grows with its prefix
+    a, b, c = (hw.mixed_step_time(m, g, 4, 1, 256, np.full(32, x)) for x in (1000, 2000, 3000))
+    assert b - a == pytest.approx(c - b, rel=1e-9) and b > a
+    assert hw.mixed_step_time(m, g, 4, 1, 512, ctx, prefill_prefix_tokens=50_000) > both
+    # several chunks: the same rows, more attention pairs, one LM-head row each
+    two = hw.mixed_step_time(m, g, 4, 1, [256, 256], ctx)
+    one = hw.mixed_step_time(m, g, 4, 1, 512, ctx)
+    assert two < one  # 2 x 256^2 pairs < 512^2
+    assert hw.mixed_step_time(m, g, 4, 1, [256, 0, 256], ctx) == two  # empty chunks are no chunks
+
+
+def test_mixed_step_times_vectorised_equals_one_by_one(rng):
+    m, g = hw.QWEN_72B, hw.A100_80GB
+    chunk = rng.integers(0, 2048, 200)
+    n = rng.integers(0, 128, 200)
+    ctx = np.array([rng.integers(1, 4000, k).sum() if k else 0 for k in n])
+    many = hw.mixed_step_times(m, g, 8, 1, chunk, n, ctx)
+    for i in range(0, 200, 17):
+        one = hw.mixed_step_times(m, g, 8, 1, [chunk[i]], [n[i]], [ctx[i]])[0]
+        assert many[i] == one
+    assert hw.mixed_step_times(m, g, 8, 1, [0], [0], [0])[0] == 0.0
+
+
+def test_mixed_step_bad_input():
+    m, g = hw.LLAMA3_8B, hw.A100_80GB
+    with pytest.raises(ValueError, match="decode_context_tokens"):
+        hw.mixed_step_time(m, g, 1, 1, 0, [100, 0])
+    with pytest.raises(ValueError, match="decode_context_tokens"):
+        hw.mixed_step_time(m, g, 1, 1, 0, [[100]])
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        hw.mixed_step_time(m, g, 1, 1, -5, [])
+    with pytest.raises(ValueError, match="prefill_prefix_tokens"):
+        hw.mixed_step_time(m, g, 1, 1, [10, 20], [], prefill_prefix_tokens=[1, 2, 3])
+    with pytest.raises(ValueError, match="tp"):
+        hw.mixed_step_time(m, g, 0, 1, 10, [])
+    with pytest.raises(ValueError, match="model"):
+        hw.mixed_step_time(g, m, 1, 1, 10, [])  # swapped
+    with pytest.raises(ValueError, match="decode_seqs"):
+        hw.mixed_step_times(m, g, 1, 1, [1, 2], [1], [5, 5])
+    with pytest.raises(ValueError, match="decode_context_tokens"):
+        hw.mixed_step_times(m, g, 1, 1, [1], [0], [5])
+    with pytest.raises(ValueError, match="prefill_seqs"):
+        hw.mixed_step_times(m, g, 1, 1, [0], [1], [5], prefill_seqs=[1])
