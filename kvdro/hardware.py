@@ -60,6 +60,10 @@ __all__ = [
     "mixed_step_times",
     "VIDUR_PROFILES",
     "VIDUR_ALLREDUCE",
+    "VIDUR_LAYER_OPS",
+    "ERROR_BUCKETS",
+    "step_time_errors",
+    "step_time_error_table",
     "PAPER_CONFIGS",
     "BLOCK_TOKENS",
     "GPU_MEMORY_UTILIZATION",
@@ -1122,13 +1126,24 @@ def _read_csv_columns(path: str | os.PathLike[str], columns: list[str]) -> pd.Da
     return frame
 
 
-def read_vidur_linear(path: str | os.PathLike[str], statistic: str = "median") -> pd.DataFrame:
+#: Every operator of Vidur's per-layer profile that runs once per layer on all the step's tokens
+#: (the GEMMs and the element-wise kernels; attention itself is not in the profile).
+VIDUR_LAYER_OPS: tuple[str, ...] = VIDUR_LINEAR_OPS + (
+    "input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add"
+)
+
+
+def read_vidur_linear(
+    path: str | os.PathLike[str], statistic: str = "median", operators: tuple[str, ...] | None = None
+) -> pd.DataFrame:
     """Vidur's per-layer operator profile (``mlp.csv``) as a tidy frame, one row per measurement:
     ``tp`` (TP degree), ``tokens`` (rows in the batch), ``operator`` (e.g. ``mlp_up_proj``) and
-    ``measured_s`` (seconds; Vidur stores ms). ValueError names the file and column if malformed."""
+    ``measured_s`` (seconds; Vidur stores ms). ``operators``: the columns to read (default: the GEMMs,
+    input_layernorm, attn_rope, mlp_act and add; :data:`VIDUR_LAYER_OPS` adds the second norm).
+    ValueError names the file and column if malformed."""
     if statistic not in {"min", "max", "mean", "median"}:
         raise ValueError(f"statistic must be one of min/max/mean/median, got {statistic!r}")
-    ops = VIDUR_LINEAR_OPS + ("input_layernorm", "attn_rope", "mlp_act", "add")
+    ops = VIDUR_LINEAR_OPS + ("input_layernorm", "attn_rope", "mlp_act", "add") if operators is None else tuple(operators)
     time_cols = [f"time_stats.{op}.{statistic}" for op in ops]
     frame = _read_csv_columns(path, ["num_tokens", "num_tensor_parallel_workers", *time_cols])
     long = frame.melt(
@@ -1258,3 +1273,111 @@ def calibrate(
         nvlink_efficiency=float(min(eta_nv, 1.0)),
         allreduce_latency_s=max(float(lat), 0.0),
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The step-time model's error against measurement, per (GPU, model)
+# ---------------------------------------------------------------------------------------------------
+
+#: Token-count buckets of the error table: (label, first, last) [tokens in the step].
+ERROR_BUCKETS: tuple[tuple[str, int, int], ...] = (
+    ("1-64 (decode)", 1, 64),
+    ("65-512 (ridge)", 65, 512),
+    ("513-4096 (prefill)", 513, 4096),
+    ("4097-32768 (long prefill)", 4097, 32768),
+)
+
+
+def _measured_allreduce(allreduce: pd.DataFrame, workers: int, size_bytes: np.ndarray) -> np.ndarray:
+    """Measured all-reduce seconds at each size, interpolated linearly between the profile's sizes
+    (median over repeated runs); NaN outside the measured range."""
+    runs = allreduce[allreduce["workers"] == workers].groupby("size_bytes")["measured_s"].median()
+    if runs.empty:
+        return np.full(len(size_bytes), np.nan)
+    sizes, times = runs.index.to_numpy(dtype=float), runs.to_numpy()
+    out = np.interp(size_bytes, sizes, times)
+    return np.where((size_bytes >= sizes[0]) & (size_bytes <= sizes[-1]), out, np.nan)
+
+
+def step_time_errors(gpu_name: str, model_name: str, statistic: str = "median") -> pd.DataFrame:
+    """The token-proportional part of one layer's step time, modelled and measured, per (TP, tokens).
+
+    Measured (Vidur, :data:`VIDUR_PROFILES`): the sum of the profiled operators of one layer
+    (:data:`VIDUR_LAYER_OPS`) plus two all-reduces of the layer's activations (tokens x hidden x
+    dtype bytes) interpolated in Vidur's single-node all-reduce profile of that GPU
+    (:data:`VIDUR_ALLREDUCE`). Rows whose message lies beyond the all-reduce profile (64 MiB) are
+    dropped. Modelled: what :func:`mixed_step_times` charges per layer for the same tokens with no
+    attention (a decode step of ``tokens`` sequences with no cached context, minus its LM head, over
+    ``n_layers``) on the registered GPU's shipped constants.
+
+    Columns: ``gpu``, ``model``, ``profile`` (the profiled model), ``tp``, ``tokens``, ``measured_s``,
+    ``model_s`` (seconds per layer), ``rel_error`` (model / measured - 1), ``held_out`` (False only for
+    the rows the GPU's constants were fitted on: its calibration model -- Llama-2-70B -- at TP 1 and 2).
+    Reads the profiles with :func:`kvdro.datasets.fetch` (``KVDRO_DATA_DIR``). ValueError names an
+    unknown GPU or model, or a pair with no profile.
+    """
+    from kvdro import datasets
+
+    gpu, model = gpu_by_name(gpu_name), model_by_name(model_name)
+    key = (gpu_name.strip().lower(), model_name.strip().lower())
+    if key not in VIDUR_PROFILES:
+        raise ValueError(f"gpu_name, model_name: no Vidur profile of {key}; profiled pairs: {sorted(VIDUR_PROFILES)}")
+    dataset, profiled = VIDUR_PROFILES[key]
+    ops = read_vidur_linear(datasets.fetch(dataset), statistic, VIDUR_LAYER_OPS)
+    allreduce = read_vidur_allreduce(datasets.fetch(VIDUR_ALLREDUCE[key[0]]), statistic)
+    # some token counts are profiled twice (e.g. 2,048 and 4,096): one median per operator, then the sum
+    per_op = ops.groupby(["tp", "tokens", "operator"], as_index=False)["measured_s"].median()
+    layer = per_op.groupby(["tp", "tokens"], as_index=False)["measured_s"].sum()
+    tp_all, tokens = layer["tp"].to_numpy(), layer["tokens"].to_numpy(dtype=float)
+    measured = layer["measured_s"].to_numpy().copy()
+    modelled = np.empty(len(layer))
+    act = model.dtype_bytes * tokens * model.hidden
+    for tp in np.unique(tp_all):
+        rows = tp_all == tp
+        if tp > 1:
+            measured[rows] += 2 * _measured_allreduce(allreduce, int(tp), act[rows])
+        m = tokens[rows]
+        total = mixed_step_times(model, gpu, int(tp), 1, np.zeros(len(m)), m, np.zeros(len(m)))
+        head = _mixed_step_core(model, gpu, int(tp), 1, 0.0 * m, 0.0 * m, 0.0 * m, m, 0.0 * m, 0.0 * m, _Vector)
+        modelled[rows] = (total - head) / model.n_layers
+    keep = np.isfinite(measured)
+    out = pd.DataFrame(
+        {
+            "gpu": key[0], "model": key[1], "profile": profiled,
+            "tp": tp_all[keep].astype("int64"), "tokens": tokens[keep].astype("int64"),
+            "measured_s": measured[keep], "model_s": modelled[keep],
+        }
+    )
+    out["rel_error"] = out["model_s"] / out["measured_s"] - 1.0
+    out["held_out"] = ~((out["model"] == "llama-2-70b") & out["tp"].isin([1, 2]))
+    return out
+
+
+def step_time_error_table(pairs: tuple[tuple[str, str], ...] | None = None, statistic: str = "median") -> pd.DataFrame:
+    """Median and worst relative error of the step-time model against Vidur's measurements, one row per
+    (GPU, model, TP, token bucket): the tidy error table of chapter 4.
+
+    ``pairs``: (GPU, model) registry names (default: every profiled pair, :data:`VIDUR_PROFILES`).
+    Columns: ``gpu``, ``model``, ``profile``, ``tp``, ``bucket`` (:data:`ERROR_BUCKETS`), ``n``
+    (measured token counts), ``median_error`` (signed median of model / measured - 1),
+    ``median_abs_error``, ``worst_abs_error`` (the largest), ``held_out`` (no row of the cell was
+    used to fit the GPU's constants). Errors come from :func:`step_time_errors`.
+    """
+    pairs = tuple(VIDUR_PROFILES) if pairs is None else tuple(pairs)
+    rows = pd.concat([step_time_errors(g, m, statistic) for g, m in pairs], ignore_index=True)
+    edges = [b[1] - 1 for b in ERROR_BUCKETS] + [ERROR_BUCKETS[-1][2]]
+    rows["bucket"] = pd.cut(rows["tokens"], edges, labels=[b[0] for b in ERROR_BUCKETS])
+    rows["abs_error"] = rows["rel_error"].abs()
+    table = (
+        rows.groupby(["gpu", "model", "profile", "tp", "bucket"], observed=True, sort=False)
+        .agg(
+            n=("rel_error", "size"),
+            median_error=("rel_error", "median"),
+            median_abs_error=("abs_error", "median"),
+            worst_abs_error=("abs_error", "max"),
+            held_out=("held_out", "all"),
+        )
+        .reset_index()
+    )
+    table["bucket"] = table["bucket"].astype(str)
+    return table
