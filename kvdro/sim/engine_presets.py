@@ -1,0 +1,203 @@
+"""The reference engine of the presets: an engine's rules (:mod:`kvdro.sim.engines`) run step by step.
+
+One pass of the loop is one engine step, as the engines run it:
+
+1. requests that have arrived join the waiting queue (the preset's ``on_arrival``);
+2. the preset forms the step (its ``schedule``: admission, token budget, chunks, preemption or
+   retraction, ratio updates), a map request -> new tokens;
+3. the step lasts the hardware model's time of its batch: prefill tokens (with their causal
+   attention pairs) beside decoding sequences (with the tokens their attention reads)
+   (:func:`step_ps`);
+4. every request whose computed tokens reach its token count samples one token (the first after its
+   prefill, or the next); a request that reached its limit finishes and frees its pages.
+
+A preset may form an empty step (LightLLM's decode after a batch that finished at its prefill); an
+engine with nothing running and nothing it can admit waits for the next arrival, and raises
+:class:`~kvdro.sim.InvariantError` if none is left. :func:`run_preset` returns the same
+:class:`~kvdro.sim.scheduler.EngineOutput` as the vLLM v0 engines (block counts in 16-token blocks);
+:func:`replay_steps` runs the same loop with steps in place of time
+(:func:`kvdro.sim.engines.step_trace`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kvdro.hardware import BLOCK_TOKENS, step_time
+from kvdro.sim.engines import rules
+from kvdro.sim.engines.state import EngineState
+from kvdro.sim.invariants import InvariantError
+from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec
+from kvdro.sim.timing import StepClock, seconds_to_ps
+
+__all__ = ["run_preset", "replay_steps", "step_ps", "preset_state"]
+
+
+def step_ps(clock: StepClock, prefill_tokens: int, pairs: int, decode_seqs: int, context_tokens: int) -> int:
+    """Duration [ps] of a step with ``prefill_tokens`` prompt tokens (``pairs`` causal attention
+    pairs) beside ``decode_seqs`` decoding sequences whose attention reads ``context_tokens`` tokens.
+
+    A prefill-only or decode-only step takes the clock's own durations (those of the vLLM v0
+    engines); a mixed step is :func:`kvdro.hardware.step_time` of the whole batch (its linear
+    layers run on prefill + decode rows; its attention is the prefill's plus the decodes')."""
+    if decode_seqs == 0:
+        return clock.prefill_ps(prefill_tokens, pairs)
+    if prefill_tokens == 0:
+        return clock.decode_ps(decode_seqs, context_tokens)
+    return seconds_to_ps(step_time(clock.model, clock.gpu, clock.config, prefill_tokens, decode_seqs, context_tokens,
+                                   prefill_attention_tokens2=pairs))
+
+
+def preset_state(engine: str, cfg, *, prompt, limit, max_new, pages: int, window: int) -> EngineState:
+    """The state one preset engine starts from (``pages`` of ``cfg.page_size`` tokens)."""
+    st = EngineState([int(v) for v in prompt], [int(v) for v in limit], [int(v) for v in max_new],
+                     pages=int(pages), page_size=int(cfg.page_size))
+    st.extra["window"] = int(window)
+    return st
+
+
+def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
+          duration: Callable[[int, int, int, int], int], on_step: Callable) -> int:
+    """The engine loop of the module docstring; returns the end time. ``on_step(t, dur, step, done, decode)``."""
+    r = rules(engine)
+    on_arrival = r.on_arrival
+    on_idle = getattr(r, "on_idle", None)
+    on_finish = getattr(r, "on_finish", None)
+    n = len(arrival)
+    t, nxt, left = 0, 0, n
+    empty_in_a_row = 0
+    while left:
+        while nxt < n and arrival[nxt] <= t:
+            on_arrival(st, cfg, nxt)
+            nxt += 1
+        if not st.waiting and not st.running and st.extra.get("chunked_req") is None:
+            if on_idle is not None:
+                on_idle(st, cfg)
+            t = max(t, arrival[nxt])
+            continue
+        step = r.schedule(st, cfg)
+        st.steps += 1
+        if not step.scheduled:
+            dur = duration(0, 0, 0, 0)
+            t += dur
+            on_step(t, dur, step, [], False)
+            if step.preempted:
+                continue
+            empty_in_a_row += 1
+            if empty_in_a_row < 2:
+                continue
+            if nxt >= n:
+                raise InvariantError(f"{engine}: waiting requests but nothing running and nothing admissible")
+            t = max(t, arrival[nxt])
+            empty_in_a_row = 0
+            continue
+        empty_in_a_row = 0
+        pre = pairs = dec = ctx = 0
+        for j, k in step.scheduled.items():
+            c = st.computed[j]
+            if k == 1 and st.generated[j] >= 1 and c + 1 == st.num_tokens(j):
+                dec += 1
+                ctx += c + 1
+            else:
+                pre += k
+                pairs += (c + k) * (c + k) - c * c
+        dur = duration(pre, pairs, dec, ctx)
+        t += dur
+        done = []
+        for j, k in step.scheduled.items():
+            st.computed[j] += k
+            if st.computed[j] == st.num_tokens(j):
+                st.generated[j] += 1
+                if st.generated[j] == st.limit[j]:
+                    done.append(j)
+        on_step(t, dur, step, done, pre == 0)
+        if done:
+            gone = set(done)
+            st.running[:] = [j for j in st.running if j not in gone]
+            for j in done:
+                st.release(j)
+            left -= len(done)
+            if on_finish is not None:
+                on_finish(st, cfg, done, pre == 0)
+    return t
+
+
+def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np.ndarray, clock: StepClock, *,
+               window: int, record: bool = False, progress=None) -> EngineOutput:
+    """Simulate one engine of preset ``engine`` (knobs ``cfg``) step by step.
+
+    ``inp.output`` is each request's generation limit (its true length after the window, or its
+    ``max_new`` when smaller); ``max_new`` the ``max_new_tokens`` the engine sees; the pool is the
+    ``spec.blocks`` 16-token blocks, in pages of ``cfg.page_size`` tokens. ``record=True`` keeps
+    per-step rows ``(t_ps, dur_ps, scheduled, preempted, finished)``."""
+    n = len(inp)
+    pages = spec.blocks * BLOCK_TOKENS // cfg.page_size
+    st = preset_state(engine, cfg, prompt=inp.prompt, limit=inp.output, max_new=max_new, pages=pages, window=window)
+    out = EngineOutput.empty(n)
+    trace = [] if record else None
+    acc = {"steps": 0, "prefill_steps": 0, "busy": 0, "resident": 0, "dbatch": 0, "dps": 0, "kvi": 0, "peak": 0}
+
+    def on_step(t_end, dur, step, done, decode_only):
+        if dur == 0:
+            return
+        t0 = t_end - dur
+        for j in step.scheduled:
+            if out.admit_ps[j] < 0:
+                out.admit_ps[j] = t0
+            if st.generated[j] >= 1 and out.first_token_ps[j] < 0:
+                out.first_token_ps[j] = t_end
+        used = st.used_pages * st.page_size  # tokens of slots in use
+        acc["steps"] += 1
+        acc["busy"] += dur
+        nrun = len(st.running)
+        acc["resident"] += nrun * dur
+        acc["kvi"] += used * dur
+        acc["peak"] = max(acc["peak"], used)
+        if decode_only:
+            acc["dbatch"] += len(step.scheduled) * dur
+            acc["dps"] += dur
+        else:
+            acc["prefill_steps"] += 1
+        for j in done:
+            out.finish_ps[j] = t_end
+            out.final_cap_tokens[j] = st.held[j] * st.page_size
+            out.generated[j] = st.generated[j]
+        if trace is not None:
+            trace.append((t0, dur, dict(step.scheduled), list(step.preempted), list(done)))
+        if progress is not None and done:
+            progress.update(len(done))
+
+    end = _loop(engine, cfg, st, inp.arrival_ps.tolist(),
+                lambda pre, pairs, dec, ctx: step_ps(clock, pre, pairs, dec, ctx) if pre or dec else 0, on_step)
+    out.preemptions[:] = st.preemptions
+    out.recomputed_tokens[:] = st.recomputed
+    out.steps, out.prefill_steps, out.busy_ps = acc["steps"], acc["prefill_steps"], acc["busy"]
+    out.resident_integral = acc["resident"]
+    out.kv_integral = acc["kvi"] // BLOCK_TOKENS  # 16-token blocks x ps
+    out.decode_batch_integral, out.decode_ps = acc["dbatch"], acc["dps"]
+    out.end_ps = end
+    out.peak_blocks = -(-acc["peak"] // BLOCK_TOKENS)
+    out.free_blocks_end = spec.blocks - (-(-st.used_pages * st.page_size // BLOCK_TOKENS))
+    out.trace = trace
+    return out
+
+
+def replay_steps(engine: str, cfg, *, arrival, prompt, limit, max_new, pages: int, window: int) -> list[tuple]:
+    """The loop with one time unit per step: rows (step, {request: tokens}, preempted, finished),
+    one per ``schedule()`` call, and an empty row for each step index at which nothing ran."""
+    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=max_new, pages=pages, window=window)
+    rows: list[tuple] = []
+
+    def on_step(t_end, dur, step, done, decode_only):
+        k = t_end - dur
+        while len(rows) < k:  # idle steps before an arrival
+            rows.append((len(rows), {}, [], []))
+        rows.append((len(rows), dict(step.scheduled), list(step.preempted), list(done)))
+
+    def unit(pre, pairs, dec, ctx):
+        return 1
+
+    _loop(engine, cfg, st, [int(a) for a in arrival], unit, on_step)
+    return rows
