@@ -22,6 +22,9 @@ Three ways to get classes:
   perturbing fitted models.
 
 :func:`shift_outputs` scales output lengths by a factor ``s`` (distribution-shift experiments).
+
+:func:`servegen_r1` (from :mod:`kvdro.servegen`) draws a DeepSeek-R1 reasoning trace from ServeGen's
+published per-client statistics.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy import special
+
+from kvdro.servegen import servegen_r1  # the DeepSeek-R1 reasoning workload (ServeGen's statistics)
 
 __all__ = [
     "DEFAULT_PREFIX_TOKENS",
@@ -57,6 +62,7 @@ __all__ = [
     "shift_trace",
     "save_class_models",
     "load_class_models",
+    "servegen_r1",
 ]
 
 #: Default shared prefix :math:`L_{pre}` [tokens]: a typical system prompt. Not in any trace. It is
