@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -363,3 +365,47 @@ def test_registry_is_read_only_and_complete():
         "azure-2024-code",
         "azure-2024-conv",
     }
+
+
+# --------------------------------------------------------------------------- sha256 memo (issue 36)
+
+
+def _edit_in_place_keeping_size_and_mtime(path):
+    st = path.stat()
+    with path.open("r+b") as fh:
+        fh.write(b"9")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def test_sha256_memo_sees_an_edit_that_keeps_size_and_mtime(tmp_path, monkeypatch):
+    """The memo keys on inode and ctime too: os.utime can restore the mtime, not the ctime."""
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"1,2,3\n")
+    monkeypatch.setattr(datasets, "RACY_NS", 0)  # memoise at once: the key alone must catch the edit
+    first = datasets.sha256_of(path)
+    assert any(key[0] == str(path.resolve()) for key in datasets._HASH_MEMO)
+    time.sleep(0.05)  # past the file system's timestamp tick
+    _edit_in_place_keeping_size_and_mtime(path)
+    assert datasets.sha256_of(path) == hashlib.sha256(b"9,2,3\n").hexdigest() != first
+
+
+def test_sha256_of_a_just_changed_file_is_not_memoised(tmp_path):
+    """A file changed within RACY_NS of its hashing is re-hashed every time (an edit in the same
+    timestamp tick keeps even the ctime)."""
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"1,2,3\n")
+    first = datasets.sha256_of(path)
+    assert not any(key[0] == str(path.resolve()) for key in datasets._HASH_MEMO)
+    _edit_in_place_keeping_size_and_mtime(path)
+    assert datasets.sha256_of(path) == hashlib.sha256(b"9,2,3\n").hexdigest() != first
+
+
+def test_sha256_memo_serves_an_unchanged_file(tmp_path, monkeypatch):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"1,2,3\n")
+    monkeypatch.setattr(datasets, "RACY_NS", 0)
+    first = datasets.sha256_of(path)
+    monkeypatch.setattr(datasets.hashlib, "sha256", lambda: pytest.fail("re-hashed an unchanged file"))
+    assert datasets.sha256_of(path) == first
