@@ -54,7 +54,7 @@ import weakref
 import numpy as np
 
 from kvdro.sim.invariants import InvariantError
-from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec, queue_ranks
+from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec, queue_order
 from kvdro.sim.timing import StepClock
 
 #: numba is installed (checked without importing it: its import alone costs ~0.2-0.8 s).
@@ -160,7 +160,7 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
         raise ValueError("reserve_blocks: the oracle's look-ahead admits reactively (reserve nothing)")
     from kvdro.sim import _engine_kernels as kern
 
-    rank, by_rank, fifo = queue_ranks(inp)
+    rank, by_rank, fifo = queue_order(inp)  # int64 arrays: no per-request Python objects
     code = kern._kernel(
         _as_int64(inp.arrival_ps), _as_int64(rank), _as_int64(by_rank), bool(fifo), bool(spec.lookahead), _as_int64(inp.prompt), _as_int64(inp.output), R, _as_int64(inp.prefix_key),
         _as_int64(inp.shared_blocks), np.array(spec.prefix_blocks, dtype=np.int64).reshape(-1),

@@ -88,7 +88,7 @@ import numpy as np
 from kvdro.hardware import BLOCK_TOKENS
 
 __all__ = ["BLOCK_TOKENS", "EngineSpec", "EngineInput", "EngineOutput", "ceil_blocks", "grown_reservation",
-           "lookahead_fits", "queue_ranks"]
+           "lookahead_fits", "queue_order", "queue_ranks"]
 
 
 def ceil_blocks(tokens: int) -> int:
@@ -161,17 +161,27 @@ class EngineInput:
         return int(self.arrival_ps.size)
 
 
-def queue_ranks(inp: EngineInput) -> tuple[list[int], list[int], bool]:
-    """(rank of each request in the waiting queue's order, request of each rank, FCFS?): the order of
-    ``inp.queue_key`` with ties by index; the identity (FCFS) when the key is ``None``."""
+def queue_order(inp: EngineInput) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(rank of each request in the waiting queue's order, request of each rank, FCFS?) as int64
+    arrays: the order of ``inp.queue_key`` with ties by index; the identity (FCFS) when the key is
+    ``None`` (then both are the same ``arange``: read it, do not write it)."""
     n = len(inp)
+    ident = np.arange(n, dtype=np.int64)
     if inp.queue_key is None:
-        ident = list(range(n))
         return ident, ident, True
-    by_rank = np.lexsort((np.arange(n), np.asarray(inp.queue_key, dtype=np.int64)))
+    by_rank = np.lexsort((ident, np.asarray(inp.queue_key, dtype=np.int64)))
     rank = np.empty(n, dtype=np.int64)
-    rank[by_rank] = np.arange(n)
-    return rank.tolist(), by_rank.tolist(), bool(np.array_equal(by_rank, np.arange(n)))
+    rank[by_rank] = ident
+    return rank, by_rank, bool(np.array_equal(by_rank, ident))
+
+
+def queue_ranks(inp: EngineInput) -> tuple[list[int], list[int], bool]:
+    """:func:`queue_order` as Python lists (the pure-Python engines index them per event)."""
+    rank, by_rank, fifo = queue_order(inp)
+    if fifo and inp.queue_key is None:
+        ident = rank.tolist()
+        return ident, ident, True
+    return rank.tolist(), by_rank.tolist(), fifo
 
 
 def lookahead_fits(running, new, prefix_blocks, limit: int) -> bool:

@@ -116,7 +116,9 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
                          f"{MAX_HORIZON_S:.3g} s ({MAX_HORIZON_S / 86400:.1f} days) of arrivals the simulator's "
                          "int64 picosecond clock holds")
     cls = trace["request_class"]
-    bad = cls.isna().to_numpy() | (cls.astype(str).str.strip() == "").to_numpy()
+    codes, uniques = pd.factorize(cls)  # each class's name checked once, not once per request
+    blank = (pd.Series(uniques).astype(str).str.strip() == "").to_numpy()
+    bad = (codes < 0) | np.append(blank, False)[codes]
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{argument}: column 'request_class' must name each request's class; row {i} has "
@@ -243,15 +245,18 @@ def simulate(
         raise ValueError("deployment: must be a kvdro.sim.Deployment")
     cost_params = default_costs(rho, costs)
 
+    # columns in arrival order, as arrays; the classes as codes into their sorted names (the names
+    # converted once per class, never one Python string per request: traces of 10^7 requests)
     order = np.argsort(trace["arrival_s"].to_numpy(dtype=float), kind="stable")
-    df = trace.iloc[order]
-    arrival_s = df["arrival_s"].to_numpy(dtype=float)
+    arrival_s = trace["arrival_s"].to_numpy(dtype=float)[order]
     arrival_ps = np.round((arrival_s - arrival_s.min()) * PS_PER_S).astype(np.int64)
-    L = df["input_tokens"].to_numpy().astype(np.int64)
-    xi = df["output_tokens"].to_numpy().astype(np.int64)
-    cls_raw = df["request_class"].astype(str).to_numpy()
-    names = sorted(pd.unique(cls_raw).tolist())
-    cls = np.searchsorted(np.array(names), cls_raw)
+    L = trace["input_tokens"].to_numpy()[order].astype(np.int64)
+    xi = trace["output_tokens"].to_numpy()[order].astype(np.int64)
+    codes, uniques = pd.factorize(trace["request_class"])
+    labels = pd.Series(uniques).astype(str).to_numpy(dtype=object)
+    names = sorted(set(labels.tolist()))
+    cls = np.searchsorted(np.array(names), labels)[codes[order]]
+    cls_raw = np.array(names, dtype=object)[cls]  # one shared str object per class
     n = L.size
 
     reserves = policy not in ("vllm", "oracle")
@@ -375,7 +380,8 @@ def simulate(
         admit[idx], first[idx], finish[idx] = out.admit_ps, out.first_token_ps, out.finish_ps
         pre[idx], rec[idx], capf[idx], gen[idx] = out.preemptions, out.recomputed_tokens, out.final_cap_tokens, out.generated
         eng[idx] = e
-    outcome = np.where(rejected, "rejected", np.where(ignored, "ignored", np.where(truncated, "truncated", "completed")))
+    outcome = np.array(["completed", "truncated", "ignored", "rejected"], dtype=object)[
+        np.where(rejected, 3, np.where(ignored, 2, np.where(truncated, 1, 0)))]
     done = served
     sec = lambda a: np.where(a >= 0, a / PS_PER_S, np.nan)  # noqa: E731
     a_s = arrival_ps / PS_PER_S
@@ -399,7 +405,7 @@ def simulate(
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(done & (gen > 1), (finish_s - first_s) / np.maximum(gen - 1, 1), np.nan)
     reserved_tokens = BLOCK_TOKENS * reserve_blocks
-    requests = pd.DataFrame({
+    columns = {
         "request_class": cls_raw,
         "arrival_s": arrival_s,
         "input_tokens": L,
@@ -423,9 +429,14 @@ def simulate(
         "recomputed_tokens": rec,
         "waste_tokens": np.where(done, np.maximum(0, capf - L - gen), 0),
         "overflow_tokens": np.where(done & reserves, np.maximum(0, L + gen - reserved_tokens), 0),
-    }, index=order)
-    requests = requests.sort_index()
-    requests.index = trace.index
+    }
+    if not np.array_equal(order, np.arange(n)):  # back to trace order: row j is sorted row inv[j]
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n)
+        columns = {k: v[inv] for k, v in columns.items()}
+    # the frame keeps these fresh arrays as its columns (no consolidating copy)
+    requests = pd.DataFrame(columns, index=trace.index, copy=False)
+    del columns
 
     horizon_ps = int(max([int(arrival_ps.max())] + [o.end_ps for o in outputs]))
     engine_pairs = [(s[0], o) for s, o in zip(specs, outputs)]
