@@ -29,12 +29,13 @@ from kvdro.sim.deployment import (
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.metrics import COST_TERMS, METRIC_KEYS, default_costs
 from kvdro.sim.policies import ALL_POLICIES, ORACLE_POLICIES, POLICIES, RESERVATION_POLICIES, Buffers, policy_buffers
-from kvdro.sim.simulate import ENGINES, READINGS, SCHEDULES, SimResult, check_trace, simulate
+from kvdro.sim.simulate import ENGINES, IMPLEMENTATIONS, READINGS, SCHEDULES, SimResult, check_trace, simulate
 
 __all__ = [
     "ALL_POLICIES",
     "COST_TERMS",
     "ENGINES",
+    "IMPLEMENTATIONS",
     "MAX_MODEL_LEN",
     "MAX_NUM_SEQS",
     "METRIC_KEYS",

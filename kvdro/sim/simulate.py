@@ -11,9 +11,13 @@ What happens to each request of the trace (every one ends in exactly one outcome
    tokens -> ``truncated`` (completed, with fewer tokens than the trace's). With the default
    16,384-token window no Azure 2023 request is affected; with Llama-2's 4,096 many are.
 3. The engine serves it (:mod:`kvdro.sim.scheduler`) -> ``completed``. A trace output of 0 tokens is
-   served as 1 (a prefill always samples one token).
+   served as 1 (a prefill always samples one token). A request whose ``max_new`` (``simulate``'s
+   keyword) is below its true length ends there -> ``capped`` (not served; :mod:`kvdro.sim.engine_choice`).
 
-Engines with the same semantics: ``"reference"`` (step by step), ``"fast"`` (jumps between events,
+``engine=`` picks the rules: a preset of :mod:`kvdro.sim.engines` (``"vllm-v0"`` by default, the
+rules of :mod:`kvdro.sim.scheduler`; the others run on :mod:`kvdro.sim.engine_presets`, with their
+own window and prompt limits). ``implementation=`` picks the code that runs ``vllm-v0``, three
+implementations with the same semantics: ``"reference"`` (step by step), ``"fast"`` (jumps between events,
 compiled: :mod:`kvdro.sim.engine_compiled`) and ``"fast-python"`` (the same jumps in pure Python,
 :mod:`kvdro.sim.engine_fast`; ``"fast"`` falls back to it without numba); ``kvdro.bench sim`` and
 the tests check that they agree exactly. Invariants
@@ -32,13 +36,17 @@ import pandas as pd
 from kvdro.sim.deployment import Deployment, default_deployment
 from kvdro.sim.invariants import check_accounting, check_engine
 from kvdro.sim.metrics import compute_metrics, default_costs
+from kvdro.sim.engine_choice import (IMPLEMENTATIONS, check_max_new, check_preset_arguments, generation_limits,
+                                     resolve_engine)
+from kvdro.sim.engines import DEFAULT_ENGINE, ENGINES, make_config
 from kvdro.sim.policies import ALL_POLICIES, Buffers, policy_buffers, request_buffers
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
 from kvdro.sim.timing import MAX_HORIZON_S, PS_PER_S, StepClock
 
-__all__ = ["DEADLINES", "ENGINES", "READINGS", "SCHEDULES", "SimResult", "simulate", "check_trace"]
+__all__ = ["DEADLINES", "ENGINES", "IMPLEMENTATIONS", "READINGS", "SCHEDULES", "SimResult", "simulate", "check_trace"]
 
-ENGINES = ("fast", "fast-python", "reference")
+#: ``engine=``: the presets (:mod:`kvdro.sim.engines`); ``implementation=``: the code running vllm-v0.
+ENGINES, IMPLEMENTATIONS = ENGINES, IMPLEMENTATIONS
 #: The two readings of a reservation (:mod:`kvdro.sim.scheduler`): admission control, or a cap.
 READINGS = ("soft", "hard")
 #: The waiting queue's orders: vLLM's FCFS, or shortest-output-first with aging (``simulate``).
@@ -65,7 +73,9 @@ class SimResult:
             ``preemptions``, ``recomputed_tokens``, ``waste_tokens``, ``overflow_tokens``.
         engines: one row per micro-batch engine: group, config, blocks, requests, steps, busy share,
             mean running sequences, mean decode batch, mean KV use, peak KV use.
-        policy, buffers, deployment, engine, reservation, safety_rules: what was run.
+        policy, buffers, deployment, engine, reservation, safety_rules: what was run; ``engine`` is
+            the preset (``"vllm-v0"``, ...), ``implementation`` the code that ran it, ``max_new`` and
+            ``engine_options`` what the requests carried and the preset's overridden knobs.
         outputs: the raw :class:`~kvdro.sim.scheduler.EngineOutput` of each engine (with a per-step
             trace when ``record=True``), aligned with ``specs``.
     """
@@ -84,6 +94,9 @@ class SimResult:
     reservation: str = "soft"
     safety_rules: bool = True
     schedule: str = "fcfs"
+    implementation: str = "fast"
+    max_new: str | int = "unset"
+    engine_options: dict = field(default_factory=dict)
 
 
 def _plain(value):
@@ -157,7 +170,10 @@ def simulate(
     rho: float = 10.0,
     costs: Mapping[str, float] | None = None,
     rng: np.random.Generator,
-    engine: str = "fast",
+    engine: str = "vllm-v0",
+    implementation: str | None = None,
+    max_new: str | int = "unset",
+    engine_options: Mapping | None = None,
     progress: bool = False,
     record: bool = False,
     eps_fraction: float = 0.15,
@@ -182,8 +198,23 @@ def simulate(
         rho: c_p / c_w (sets c_p of the cost, and the ``saa``/``dro`` buffers when fitted here).
         costs: overrides of ``c_p, c_w, c_slo, c_rej, c_gpu`` (:func:`kvdro.sim.metrics.default_costs`).
         rng: the seeded generator that draws the routing.
-        engine: ``"fast"`` (event jumping, compiled), ``"fast-python"`` (the same in pure Python)
-            or ``"reference"`` (step by step).
+        engine: the engine's rules, a preset of :data:`kvdro.sim.engines.ENGINES`: ``"vllm-v0"``
+            (default: today's engine, :mod:`kvdro.sim.scheduler`), ``"vllm-v1"``, ``"sglang"``,
+            ``"trtllm-gne"``, ``"trtllm-maxutil"``, ``"lightllm"`` (:mod:`kvdro.sim.engines`). The
+            old values ``"fast"``, ``"fast-python"``, ``"reference"`` still work: they mean
+            ``engine="vllm-v0"`` with that ``implementation``.
+        implementation: ``"fast"`` (event jumping, compiled; the default for ``vllm-v0``),
+            ``"fast-python"`` (the same in pure Python) or ``"reference"`` (step by step; the only
+            one, and the default, for the other presets) (:mod:`kvdro.sim.engine_choice`).
+        max_new: each request's ``max_new_tokens``: ``"unset"`` (window - prompt), an integer
+            client cap >= 1, ``"policy"`` (``policy``'s estimate eta_i) or ``"true"`` (the true
+            length); a request longer than its max_new ends there, outcome ``capped`` (not served;
+            ``metrics["capped"]`` whenever a preset or a max_new is given) -- see
+            :mod:`kvdro.sim.engine_choice`. With a preset other than ``vllm-v0``, a reservation
+            ``policy`` enters only through ``max_new="policy"``.
+        engine_options: the preset's knobs overriding its defaults (its module's ``Config``, e.g.
+            ``{"max_num_batched_tokens": 8192}`` for ``vllm-v1``, ``{"schedule_conservativeness":
+            0.5}`` for ``sglang``); ValueError names a bad one.
         progress: a tqdm bar on stderr (requests finished).
         record: keep a per-step trace in each engine output (reference engine only; small runs).
         reservation: ``"soft"`` (default; admission control, overflow grows block by block and is
@@ -229,21 +260,26 @@ def simulate(
     if (isinstance(aging_s_per_token, bool) or not isinstance(aging_s_per_token, (int, float, np.integer, np.floating))
             or not (np.isfinite(aging_s_per_token) and aging_s_per_token >= 0)):
         raise ValueError(f"aging_s_per_token: must be a finite number >= 0 [s per token], got {aging_s_per_token!r}")
-    if engine not in ENGINES:
-        raise ValueError(f"engine: must be one of {ENGINES}, got {engine!r}")
+    engine, implementation = resolve_engine(engine, implementation)
+    max_new = check_max_new(max_new)
+    if engine == DEFAULT_ENGINE and engine_options:
+        raise ValueError("engine_options: vllm-v0's knobs are the deployment's (max_num_seqs, max_num_batched_tokens, watermark)")
+    preset_cfg = None if engine == DEFAULT_ENGINE else make_config(engine, engine_options)
     if reservation not in READINGS:
         raise ValueError(f"reservation: must be one of {READINGS}, got {reservation!r}")
     if not isinstance(safety_rules, bool):
         raise ValueError(f"safety_rules: must be True or False, got {safety_rules!r}")
     if deadline not in DEADLINES:
         raise ValueError(f"deadline: must be one of {DEADLINES}, got {deadline!r}")
-    if record and engine != "reference":
-        raise ValueError("record: a per-step trace needs engine='reference'")
+    if record and implementation != "reference":
+        raise ValueError("record: a per-step trace needs implementation='reference'")
     check_trace(trace)
     dep = default_deployment(trace) if deployment is None else deployment
     if not isinstance(dep, Deployment):
         raise ValueError("deployment: must be a kvdro.sim.Deployment")
     cost_params = default_costs(rho, costs)
+    check_preset_arguments(engine, policy=policy, max_new=max_new, reservation=reservation, safety_rules=safety_rules,
+                           schedule=schedule, prefix=any(any(f) for f in dep.prefix_caching.values()))
 
     # columns in arrival order, as arrays; the classes as codes into their sorted names (the names
     # converted once per class, never one Python string per request: traces of 10^7 requests)
@@ -277,6 +313,13 @@ def simulate(
     truncated = ~ignored & (xi > X)
     if policy == "exact":
         eta = X.astype(float)
+    capped = np.zeros(n, dtype=bool)
+    max_new_tokens = None
+    if engine != DEFAULT_ENGINE or max_new != "unset":  # a preset's window, max_new and generation cap
+        X, max_new_tokens, ignored, truncated, capped = generation_limits(
+            engine, preset_cfg, max_new, L=L, xi=xi, window=limit, v0_limit=X, v0_ignored=ignored, eta=eta)
+    if engine != DEFAULT_ENGINE:
+        reserves = False  # a preset reserves through max_new, not through vLLM v0's admission rule
     queue_key = None
     if schedule == "sof":
         if length_hint is None:
@@ -344,9 +387,9 @@ def simulate(
 
     from kvdro.sim.engine_reference import run_reference
 
-    if engine == "fast":
+    if implementation == "fast" and engine == DEFAULT_ENGINE:
         from kvdro.sim.engine_compiled import run_auto as run_fast  # compiled, unless the process has run little
-    elif engine == "fast-python":
+    elif implementation == "fast-python":
         from kvdro.sim.engine_fast import run_fast
 
     bar = None
@@ -356,8 +399,13 @@ def simulate(
         bar = tqdm(total=int(served.sum()), desc=f"simulate {policy}", unit="req", file=None, leave=False)
     outputs: list[EngineOutput] = []
     try:
-        for (spec, clock), inp in zip(specs, inputs):
-            if engine == "reference":
+        for (spec, clock), inp, idx in zip(specs, inputs, members):
+            if engine != DEFAULT_ENGINE:
+                from kvdro.sim.engine_presets import run_preset
+
+                out = run_preset(engine, preset_cfg, spec, inp, max_new_tokens[idx], clock, window=limit,
+                                 record=record, progress=bar)
+            elif implementation == "reference":
                 out = run_reference(spec, inp, clock, record=record, progress=bar)
             else:
                 out = run_fast(spec, inp, clock, progress=bar)
@@ -382,6 +430,7 @@ def simulate(
         eng[idx] = e
     outcome = np.array(["completed", "truncated", "ignored", "rejected"], dtype=object)[
         np.where(rejected, 3, np.where(ignored, 2, np.where(truncated, 1, 0)))]
+    outcome[capped & ~rejected] = "capped"  # ended at its max_new, below its true length: not served
     done = served
     sec = lambda a: np.where(a >= 0, a / PS_PER_S, np.nan)  # noqa: E731
     a_s = arrival_ps / PS_PER_S
@@ -442,7 +491,10 @@ def simulate(
     engine_pairs = [(s[0], o) for s, o in zip(specs, outputs)]
     metrics, breakdown = compute_metrics(requests, engine_pairs, cost_params, gpus=dep.total_gpus,
                                          horizon_ps=horizon_ps, wall_s=0.0, reservation=reserves)
-    check_accounting(n, metrics["completed"], metrics["rejected"], metrics["ignored"])
+    n_capped = int(np.count_nonzero(capped & ~rejected))
+    check_accounting(n, metrics["completed"] + n_capped, metrics["rejected"], metrics["ignored"])
+    if engine != DEFAULT_ENGINE or max_new != "unset":
+        metrics["capped"] = n_capped
     for row, (spec, _), out, idx in zip(engine_rows, specs, outputs, members):
         row.update({
             "blocks": spec.blocks,
@@ -460,4 +512,5 @@ def simulate(
         policy=policy, buffers=dict(buf), deployment=dep, engine=engine,
         specs=[s for s, _ in specs], outputs=outputs, inputs=inputs,
         reservation=reservation, safety_rules=safety_rules, schedule=schedule,
+        implementation=implementation, max_new=max_new, engine_options=dict(engine_options or {}),
     )
