@@ -1353,29 +1353,39 @@ def step_time_errors(gpu_name: str, model_name: str, statistic: str = "median") 
     return out
 
 
-def step_time_error_table(pairs: tuple[tuple[str, str], ...] | None = None, statistic: str = "median") -> pd.DataFrame:
+def step_time_error_table(
+    pairs: tuple[tuple[str, str], ...] | None = None,
+    statistic: str = "median",
+    by: tuple[str, ...] = ("gpu", "model", "profile", "tp"),
+) -> pd.DataFrame:
     """Median and worst relative error of the step-time model against Vidur's measurements, one row per
     (GPU, model, TP, token bucket): the tidy error table of chapter 4.
 
     ``pairs``: (GPU, model) registry names (default: every profiled pair, :data:`VIDUR_PROFILES`).
-    Columns: ``gpu``, ``model``, ``profile``, ``tp``, ``bucket`` (:data:`ERROR_BUCKETS`), ``n``
+    ``by``: the columns of :func:`step_time_errors` to group by before the token bucket (e.g.
+    ``("tp",)`` pools every pair). Columns: those of ``by``, ``bucket`` (:data:`ERROR_BUCKETS`), ``n``
     (measured token counts), ``median_error`` (signed median of model / measured - 1),
     ``median_abs_error``, ``worst_abs_error`` (the largest), ``held_out`` (no row of the cell was
     used to fit the GPU's constants). Errors come from :func:`step_time_errors`.
     """
     pairs = tuple(VIDUR_PROFILES) if pairs is None else tuple(pairs)
+    by = tuple(by)
+    allowed = ("gpu", "model", "profile", "tp", "held_out")
+    if not set(by) <= set(allowed):
+        raise ValueError(f"by must name columns among {allowed}, got {by!r}")
     rows = pd.concat([step_time_errors(g, m, statistic) for g, m in pairs], ignore_index=True)
     edges = [b[1] - 1 for b in ERROR_BUCKETS] + [ERROR_BUCKETS[-1][2]]
     rows["bucket"] = pd.cut(rows["tokens"], edges, labels=[b[0] for b in ERROR_BUCKETS])
     rows["abs_error"] = rows["rel_error"].abs()
+    rows["held_out_row"] = rows["held_out"]
     table = (
-        rows.groupby(["gpu", "model", "profile", "tp", "bucket"], observed=True, sort=False)
+        rows.groupby([*by, "bucket"], observed=True, sort=False)
         .agg(
             n=("rel_error", "size"),
             median_error=("rel_error", "median"),
             median_abs_error=("abs_error", "median"),
             worst_abs_error=("abs_error", "max"),
-            held_out=("held_out", "all"),
+            held_out=("held_out_row", "all"),
         )
         .reset_index()
     )
