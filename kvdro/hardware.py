@@ -58,6 +58,8 @@ __all__ = [
     "deployments_that_fit",
     "mixed_step_time",
     "mixed_step_times",
+    "MixedStepTable",
+    "mixed_step_table",
     "VIDUR_PROFILES",
     "VIDUR_ALLREDUCE",
     "VIDUR_LAYER_OPS",
@@ -887,6 +889,76 @@ def mixed_step_time(
         pf, chunks = float(c.sum()), float(alive.sum())
         pairs, kv_read = float(np.sum((p + c) ** 2 - p**2)), float(np.sum(p + c))
     return float(_mixed_step_core(model, gpu, tp, pp, pf, float(len(ctx)), ctx_total, chunks, pairs, kv_read, _Scalar))
+
+
+@dataclass(frozen=True)
+class MixedStepTable:
+    """:func:`mixed_step_times` of one (model, GPU, TP, PP) taken apart for look-up in a compiled loop.
+
+    A step with ``rows`` = prefill tokens + decodes, ``out_rows`` = decodes + prefill chunks, decode
+    context ``ctx`` (total cached tokens read), ``pairs`` causal token pairs and ``kv`` prefill K/V
+    tokens read (chunks with their prefixes) lasts
+
+        tokens_s[rows] + head_s[out_rows]
+        + n_layers * ([decodes > 0 and ctx > 0] (attn_overhead_s + decode_s_per_token * ctx)
+                      + [prefill > 0] (attn_overhead_s + max(prefill_s_per_pair * pairs, prefill_s_per_kv_token * kv)))
+
+    where ``tokens_s`` (indexed by rows, 0..max_rows) holds the token-proportional part of all layers
+    and the pipeline hand-offs, and ``head_s`` the LM head. Equal to :func:`mixed_step_times` up to
+    floating-point rounding (the terms are summed in another order; a test bounds the difference at
+    1e-12 relative). All times in seconds, per-token terms per layer.
+    """
+
+    tokens_s: np.ndarray
+    head_s: np.ndarray
+    n_layers: int
+    attn_overhead_s: float
+    decode_s_per_token: float
+    prefill_s_per_pair: float
+    prefill_s_per_kv_token: float
+
+    def seconds(self, prefill_tokens, decode_seqs, decode_context_tokens, prefill_seqs=None,
+                prefill_attention_tokens2=None, prefill_kv_tokens=None) -> np.ndarray:
+        """Step seconds from the table, arguments as :func:`mixed_step_times` (arrays, one entry per step)."""
+        pf = np.asarray(prefill_tokens, dtype=float)
+        n_dec = np.asarray(decode_seqs, dtype=float)
+        ctx = np.asarray(decode_context_tokens, dtype=float)
+        chunks = (pf > 0).astype(float) if prefill_seqs is None else np.asarray(prefill_seqs, dtype=float)
+        pairs = pf * pf if prefill_attention_tokens2 is None else np.asarray(prefill_attention_tokens2, dtype=float)
+        kv = pf if prefill_kv_tokens is None else np.asarray(prefill_kv_tokens, dtype=float)
+        rows = (pf + n_dec).astype(np.int64)
+        if np.any(rows >= len(self.tokens_s)):
+            raise ValueError(f"prefill_tokens + decode_seqs must be at most the table's {len(self.tokens_s) - 1} rows")
+        attn = np.where((n_dec > 0) & (ctx > 0), self.attn_overhead_s + self.decode_s_per_token * ctx, 0.0)
+        attn = attn + np.where(
+            pf > 0, self.attn_overhead_s + np.maximum(self.prefill_s_per_pair * pairs, self.prefill_s_per_kv_token * kv), 0.0
+        )
+        return self.tokens_s[rows] + self.head_s[(n_dec + chunks).astype(np.int64)] + self.n_layers * attn
+
+
+def mixed_step_table(model: Model, gpu: GPU, tp: int, pp: int, max_rows: int) -> MixedStepTable:
+    """The :class:`MixedStepTable` of ``model`` on ``tp`` x ``pp`` GPUs of kind ``gpu`` for steps of up to
+    ``max_rows`` tokens (an engine's token budget, or ``max_num_batched_tokens``)."""
+    _check_model(model)
+    _check_gpu(gpu)
+    _check_tp_pp(tp, pp)
+    _check_degree(max_rows, "max_rows")
+    rows = np.arange(max_rows + 1, dtype=float)
+    zeros = np.zeros_like(rows)
+    # a decode step of `rows` sequences with no cached context: no attention term, one head row each
+    decode_only = _mixed_step_core(model, gpu, tp, pp, zeros, rows, zeros, zeros, zeros, zeros, _Vector)
+    vocab_cols = math.ceil(model.vocab / tp)
+    head = np.array([linear_op_time(gpu, r, model.hidden, vocab_cols, model.dtype_bytes) for r in range(max_rows + 1)])
+    kv_layer_token = kv_bytes_per_token(model) / model.n_layers / tp
+    return MixedStepTable(
+        tokens_s=decode_only - head,
+        head_s=head,
+        n_layers=model.n_layers,
+        attn_overhead_s=gpu.kernel_overhead_s,
+        decode_s_per_token=kv_layer_token / gpu.attention_bandwidth,
+        prefill_s_per_pair=2.0 * model.n_heads * model.head_dim / tp / (gpu.compute_efficiency * gpu.peak_flops),
+        prefill_s_per_kv_token=kv_layer_token / (gpu.hbm_efficiency * gpu.hbm_bandwidth),
+    )
 
 
 @dataclass(frozen=True)

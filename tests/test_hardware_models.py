@@ -162,6 +162,27 @@ def test_mixed_step_times_vectorised_equals_one_by_one(rng):
     assert hw.mixed_step_times(m, g, 8, 1, [0], [0], [0])[0] == 0.0
 
 
+def test_mixed_step_table_equals_the_formula(rng):
+    # the look-up form for compiled loops sums the same terms in another order: equal to 1e-12
+    for model, gpu, tp, pp in [("llama-3.1-70b", "h100-80gb", 4, 1), ("qwen-72b", "a100-80gb", 8, 1),
+                               ("llama-2-7b", "h200-141gb", 2, 2), ("llama-3-8b", "a100-80gb", 1, 1)]:
+        m, g = hw.model_by_name(model), hw.gpu_by_name(gpu)
+        table = hw.mixed_step_table(m, g, tp, pp, 4096)
+        pf = rng.integers(0, 2048, 300) * (rng.random(300) < 0.6)
+        n = rng.integers(0, 256, 300)
+        ctx = n * rng.integers(1, 5000, 300)
+        chunks = np.where(pf > 0, rng.integers(1, 4, 300), 0)
+        pairs = pf.astype(float) ** 2 * rng.uniform(0.3, 5.0, 300)
+        kv = pf * rng.uniform(1.0, 10.0, 300)
+        exact = hw.mixed_step_times(m, g, tp, pp, pf, n, ctx, prefill_seqs=chunks, prefill_attention_tokens2=pairs, prefill_kv_tokens=kv)
+        looked_up = table.seconds(pf, n, ctx, chunks, pairs, kv)
+        assert looked_up == pytest.approx(exact, rel=1e-12, abs=1e-15)
+    with pytest.raises(ValueError, match="rows"):
+        table.seconds([4000], [200], [1000])
+    with pytest.raises(ValueError, match="max_rows"):
+        hw.mixed_step_table(m, g, 1, 1, 0)
+
+
 def test_mixed_step_bad_input():
     m, g = hw.LLAMA3_8B, hw.A100_80GB
     with pytest.raises(ValueError, match="decode_context_tokens"):
@@ -264,6 +285,8 @@ def test_error_table_by_bucket_and_tp(table):
 
 
 def test_error_table_bad_names(kvdro_data):
+    with pytest.raises(ValueError, match="by"):
+        hw.step_time_error_table(by=("operator",))
     with pytest.raises(ValueError, match="h200"):
         hw.step_time_errors("h200-141gb", "llama-2-70b")  # spec only: no profile
     with pytest.raises(ValueError, match="known"):
