@@ -1,8 +1,12 @@
-"""The A100-80GB / Llama-2-70B serving model: KV capacity, effective (C_k, B_k), step times.
+"""The serving model of a GPU and a model: KV capacity, effective (C_k, B_k), step times.
 
-Everything here is derived from first principles -- bytes moved and FLOPs executed -- plus a small
-number of *achieved-efficiency* constants that are fitted to real A100 measurements (Vidur's
-profiles, :cite:`agrawal2024vidur`) and re-checked by ``tests/test_hardware.py``:
+Models and GPUs are data, looked up by name (:data:`MODELS`, :data:`GPUS`): Llama-2-70B (the book's
+primary model), Llama-3.1-70B, DeepSeek-R1-Distill-Llama-70B, Llama-3-8B, Llama-2-7B and Qwen-72B on
+the A100-80GB and H100-80GB (and the H200-141GB, spec only). Everything is derived from first
+principles -- bytes moved and FLOPs executed -- plus a small number of *achieved-efficiency*
+constants per GPU, fitted to real measurements (Vidur's profiles, :cite:`agrawal2024vidur`) and
+re-checked by ``tests/test_hardware.py`` (A100) and ``tests/test_hardware_models.py`` (H100, and the
+error of the step time against every profiled (GPU, model) pair, :func:`step_time_error_table`):
 
 * a linear operator (a GEMM ``[m, k] @ [k, n]``) takes
   ``t0 + max(FLOPs / (eta_c * peak), bytes / (eta_m * HBM bandwidth))`` -- a roofline max -- where the
@@ -10,7 +14,9 @@ profiles, :cite:`agrawal2024vidur`) and re-checked by ``tests/test_hardware.py``
   partial tile), ``eta_c``/``eta_m`` are the achieved fractions of peak and ``t0`` a per-kernel
   overhead (launch, tail effect);
 * an all-reduce of ``S`` bytes over ``n`` GPUs (ring) takes ``lat + 2 (n-1)/n * S / (eta_nv * NVLink)``;
-* attention in decode reads every cached K and V byte once: ``KV bytes / (eta_m * bandwidth)``.
+* attention in decode reads every cached K and V byte once: ``KV bytes / (eta_attn * bandwidth)``;
+* a step may mix prefill chunks and decodes (:func:`mixed_step_time`, :func:`mixed_step_times`,
+  :func:`mixed_step_table`): the token-proportional operators run once on all its tokens.
 
 Units: bytes, seconds, FLOP, FLOP/s, bytes/s, tokens. Equation numbers refer to
 Cheng, Do, Nguyen (arXiv 2607.16892).
@@ -765,9 +771,19 @@ def _mixed_step_core(model: Model, gpu: GPU, tp: int, pp: int, pf, n_dec, ctx, c
     return xp.where(rows > 0, total)
 
 
+def _float_array(name: str, value: object) -> np.ndarray:
+    """``value`` as a float64 array, or ValueError naming ``name``."""
+    if isinstance(value, (str, bytes, bool, np.bool_)) or value is None:
+        raise ValueError(f"{name} must be numbers, got {value!r}")
+    try:
+        return np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be numbers, got {value!r}") from None
+
+
 def _step_array(name: str, value: object, size: int | None = None) -> np.ndarray:
     """A 1-D float64 array of finite non-negative numbers (a scalar is broadcast to ``size``)."""
-    arr = np.asarray(value, dtype=float)
+    arr = _float_array(name, value)
     if arr.ndim == 0 and size is not None:
         arr = np.full(size, float(arr))
     if arr.ndim != 1:
@@ -860,7 +876,7 @@ def mixed_step_time(
     _check_model(model)
     _check_gpu(gpu)
     _check_tp_pp(tp, pp)
-    ctx = np.asarray(decode_context_tokens, dtype=float)
+    ctx = _float_array("decode_context_tokens", decode_context_tokens)
     if ctx.ndim != 1:
         raise ValueError(f"decode_context_tokens must be a 1-D array (one context length per decode), got shape {ctx.shape}")
     ctx_total = float(ctx.sum())
@@ -874,10 +890,10 @@ def mixed_step_time(
         live = c > 0
         pf, chunks, pairs, kv_read = (c, 1.0, (p + c) ** 2 - p**2, p + c) if live else (0.0, 0.0, 0.0, 0.0)
     else:
-        chunk_arr = np.atleast_1d(np.asarray(prefill_tokens, dtype=float))
+        chunk_arr = np.atleast_1d(_float_array("prefill_tokens", prefill_tokens))
         if chunk_arr.ndim != 1:
             raise ValueError(f"prefill_tokens must be a number or a 1-D array, got shape {chunk_arr.shape}")
-        prefix = np.asarray(prefill_prefix_tokens, dtype=float)
+        prefix = _float_array("prefill_prefix_tokens", prefill_prefix_tokens)
         prefix = np.full(len(chunk_arr), float(prefix)) if prefix.ndim == 0 else prefix
         if prefix.shape != chunk_arr.shape:
             raise ValueError(f"prefill_prefix_tokens must match prefill_tokens ({len(chunk_arr)} chunks), got shape {prefix.shape}")

@@ -197,6 +197,13 @@ def test_mixed_step_bad_input():
         hw.mixed_step_time(m, g, 0, 1, 10, [])
     with pytest.raises(ValueError, match="model"):
         hw.mixed_step_time(g, m, 1, 1, 10, [])  # swapped
+    for bad in (None, "abc", True):
+        with pytest.raises(ValueError, match="decode_context_tokens"):
+            hw.mixed_step_time(m, g, 1, 1, 10, bad)
+        with pytest.raises(ValueError, match="prefill_tokens"):
+            hw.mixed_step_time(m, g, 1, 1, bad, [])
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        hw.mixed_step_time(m, g, 1, 1, float("nan"), [])
     with pytest.raises(ValueError, match="decode_seqs"):
         hw.mixed_step_times(m, g, 1, 1, [1, 2], [1], [5, 5])
     with pytest.raises(ValueError, match="decode_context_tokens"):
