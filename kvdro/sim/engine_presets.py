@@ -7,7 +7,7 @@ One pass of the loop is one engine step, as the engines run it:
    retraction, ratio updates), a map request -> new tokens;
 3. the step lasts the hardware model's time of its batch: prefill tokens (with their causal
    attention pairs) beside decoding sequences (with the tokens their attention reads)
-   (:func:`step_ps`);
+   (:func:`step_ps`, the hardware model's mixed step);
 4. every request whose computed tokens reach its token count samples one token (the first after its
    prefill, or the next); a request that reached its limit finishes and frees its pages.
 
@@ -25,29 +25,37 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvdro.hardware import BLOCK_TOKENS, step_time
+from kvdro.hardware import BLOCK_TOKENS, mixed_step_times
 from kvdro.sim.engines import rules
 from kvdro.sim.engines.state import EngineState
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec
 from kvdro.sim.timing import StepClock, seconds_to_ps
 
-__all__ = ["run_preset", "replay_steps", "step_ps", "preset_state"]
+__all__ = ["run_preset", "replay", "replay_steps", "step_ps", "preset_state"]
 
 
-def step_ps(clock: StepClock, prefill_tokens: int, pairs: int, decode_seqs: int, context_tokens: int) -> int:
-    """Duration [ps] of a step with ``prefill_tokens`` prompt tokens (``pairs`` causal attention
-    pairs) beside ``decode_seqs`` decoding sequences whose attention reads ``context_tokens`` tokens.
+def step_ps(clock: StepClock, prefill_tokens: int, pairs: int, decode_seqs: int, context_tokens: int, *,
+            chunks: int = 1, prefill_kv_tokens: int | None = None) -> int:
+    """Duration [ps] of a step with ``prefill_tokens`` prompt tokens in ``chunks`` chunks (``pairs``
+    causal attention pairs, reading ``prefill_kv_tokens`` K/V tokens with their prefixes) beside
+    ``decode_seqs`` decoding sequences whose attention reads ``context_tokens`` tokens.
 
-    A prefill-only or decode-only step takes the clock's own durations (those of the vLLM v0
-    engines); a mixed step is :func:`kvdro.hardware.step_time` of the whole batch (its linear
-    layers run on prefill + decode rows; its attention is the prefill's plus the decodes')."""
-    if decode_seqs == 0:
+    A decode-only step, and a prefill-only step of whole prompts (no chunk continues a cached
+    prefix), take the clock's own durations (those of the vLLM v0 engines); any other step -- a
+    mixed step, a chunk continuing a prompt -- is :func:`kvdro.hardware.mixed_step_times` of the
+    whole batch (linear layers on prefill + decode rows, each part's attention, an LM head row per
+    decode and per chunk)."""
+    kv = prefill_tokens if prefill_kv_tokens is None else prefill_kv_tokens
+    if decode_seqs == 0 and kv == prefill_tokens:
         return clock.prefill_ps(prefill_tokens, pairs)
     if prefill_tokens == 0:
         return clock.decode_ps(decode_seqs, context_tokens)
-    return seconds_to_ps(step_time(clock.model, clock.gpu, clock.config, prefill_tokens, decode_seqs, context_tokens,
-                                   prefill_attention_tokens2=pairs))
+    cfg = clock.config
+    sec = mixed_step_times(clock.model, clock.gpu, cfg.tp, cfg.pp, np.array([prefill_tokens]), np.array([decode_seqs]),
+                           np.array([context_tokens]), prefill_seqs=np.array([chunks]),
+                           prefill_attention_tokens2=np.array([pairs], dtype=float), prefill_kv_tokens=np.array([kv]))
+    return seconds_to_ps(float(sec[0]))
 
 
 def preset_state(engine: str, cfg, *, prompt, limit, max_new, pages: int, window: int) -> EngineState:
@@ -59,7 +67,7 @@ def preset_state(engine: str, cfg, *, prompt, limit, max_new, pages: int, window
 
 
 def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
-          duration: Callable[[int, int, int, int], int], on_step: Callable) -> int:
+          duration: Callable[..., int], on_step: Callable) -> int:
     """The engine loop of the module docstring; returns the end time. ``on_step(t, dur, step, done, decode)``."""
     r = rules(engine)
     on_arrival = r.on_arrival
@@ -80,7 +88,7 @@ def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
         step = r.schedule(st, cfg)
         st.steps += 1
         if not step.scheduled:
-            dur = duration(0, 0, 0, 0)
+            dur = duration(0, 0, 0, 0, 0, 0)
             t += dur
             on_step(t, dur, step, [], False)
             if step.preempted:
@@ -94,7 +102,7 @@ def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
             empty_in_a_row = 0
             continue
         empty_in_a_row = 0
-        pre = pairs = dec = ctx = 0
+        pre = pairs = dec = ctx = chunks = kv = 0
         for j, k in step.scheduled.items():
             c = st.computed[j]
             if k == 1 and st.generated[j] >= 1 and c + 1 == st.num_tokens(j):
@@ -103,7 +111,9 @@ def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
             else:
                 pre += k
                 pairs += (c + k) * (c + k) - c * c
-        dur = duration(pre, pairs, dec, ctx)
+                chunks += 1
+                kv += c + k
+        dur = duration(pre, pairs, dec, ctx, chunks, kv)
         t += dur
         done = []
         for j, k in step.scheduled.items():
@@ -170,7 +180,9 @@ def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np
             progress.update(len(done))
 
     end = _loop(engine, cfg, st, inp.arrival_ps.tolist(),
-                lambda pre, pairs, dec, ctx: step_ps(clock, pre, pairs, dec, ctx) if pre or dec else 0, on_step)
+                lambda pre, pairs, dec, ctx, chunks, kv: (step_ps(clock, pre, pairs, dec, ctx, chunks=chunks,
+                                                                  prefill_kv_tokens=kv) if pre or dec else 0),
+                on_step)
     out.preemptions[:] = st.preemptions
     out.recomputed_tokens[:] = st.recomputed
     out.steps, out.prefill_steps, out.busy_ps = acc["steps"], acc["prefill_steps"], acc["busy"]
@@ -188,6 +200,11 @@ def replay_steps(engine: str, cfg, *, arrival, prompt, limit, max_new, pages: in
     """The loop with one time unit per step: rows (step, {request: tokens}, preempted, finished),
     one per ``schedule()`` call, and an empty row for each step index at which nothing ran."""
     st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=max_new, pages=pages, window=window)
+    return replay(engine, cfg, st, arrival)
+
+
+def replay(engine: str, cfg, st: EngineState, arrival) -> list[tuple]:
+    """:func:`replay_steps` on a state the caller made (and reads afterwards: the conformance tests)."""
     rows: list[tuple] = []
 
     def on_step(t_end, dur, step, done, decode_only):
@@ -196,7 +213,7 @@ def replay_steps(engine: str, cfg, *, arrival, prompt, limit, max_new, pages: in
             rows.append((len(rows), {}, [], []))
         rows.append((len(rows), dict(step.scheduled), list(step.preempted), list(done)))
 
-    def unit(pre, pairs, dec, ctx):
+    def unit(*batch):
         return 1
 
     _loop(engine, cfg, st, [int(a) for a in arrival], unit, on_step)

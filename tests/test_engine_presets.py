@@ -1,0 +1,82 @@
+"""The presets through simulate(): engine=/implementation=/max_new= keywords, bad input, capped requests."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvdro.sim import default_deployment, simulate
+from kvdro.sim.engines import ENGINES
+
+
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(3)
+    n = 60
+    trace = pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 20, n)), "input_tokens": rng.integers(20, 800, n),
+                          "output_tokens": rng.integers(1, 400, n), "request_class": rng.choice(["a", "b"], n)})
+    return trace, default_deployment(config="TP2-PP1", groups=1)
+
+
+def test_old_engine_values_mean_vllm_v0_with_that_implementation(small):
+    trace, dep = small
+    old = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine="reference")
+    new = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine="vllm-v0",
+                   implementation="reference")
+    assert old.engine == new.engine == "vllm-v0" and old.implementation == new.implementation == "reference"
+    pd.testing.assert_frame_equal(old.requests, new.requests)
+    assert "capped" not in old.metrics  # vllm-v0 with max_new unset: today's metric keys
+
+
+@pytest.mark.parametrize("engine", ENGINES[1:])
+def test_every_preset_serves_every_request(engine, small):
+    trace, dep = small
+    r = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine=engine)
+    m = r.metrics
+    assert r.engine == engine and r.implementation == "reference"
+    assert m["completed"] + m["capped"] + m["rejected"] + m["ignored"] == len(trace) and m["capped"] == 0
+    served = r.requests[r.requests["outcome"] == "completed"]
+    assert (served["generated_tokens"] == np.maximum(served["output_tokens"], 1)).all()
+
+
+@pytest.mark.parametrize("engine", ["vllm-v0", "sglang", "trtllm-gne"])
+def test_a_client_cap_ends_longer_requests_as_capped_not_served(engine, small):
+    trace, dep = small
+    r = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine=engine, max_new=100)
+    capped = r.requests["outcome"] == "capped"
+    assert capped.sum() == r.metrics["capped"] == (trace["output_tokens"] > 100).sum()
+    assert (r.requests.loc[capped, "generated_tokens"] == 100).all()
+    assert r.metrics["completed"] == len(trace) - capped.sum()
+
+
+def test_the_policy_estimate_as_max_new(small):
+    trace, dep = small
+    r = simulate(trace, policy="dro", deployment=dep, rng=np.random.default_rng(0), engine="lightllm", max_new="policy")
+    eta = r.requests["buffer_tokens"]
+    assert (r.requests["outcome"] == "capped").sum() == (trace["output_tokens"] > np.ceil(eta)).sum()
+    true = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine="lightllm", max_new="true")
+    assert true.metrics["capped"] == 0
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"engine": "vllm-v2"}, "engine"),
+    ({"engine": "sglang", "implementation": "fast"}, "implementation"),
+    ({"engine": "reference", "implementation": "fast"}, "engine"),
+    ({"max_new": 0}, "max_new"),
+    ({"max_new": "maybe"}, "max_new"),
+    ({"max_new": True}, "max_new"),
+    ({"engine": "sglang", "policy": "dro"}, "max_new"),
+    ({"engine": "sglang", "max_new": "policy"}, "max_new"),
+    ({"engine": "vllm-v1", "policy": "oracle"}, "policy"),
+    ({"engine": "vllm-v1", "reservation": "hard"}, "reservation"),
+    ({"engine": "sglang", "engine_options": {"new_token_ratio": 0.5}}, "engine_options"),
+    ({"engine": "sglang", "engine_options": {"min_new_token_ratio_factor": -1}}, "min_new_token_ratio_factor"),
+    ({"engine": "vllm-v1", "engine_options": {"max_num_batched_tokens": 15}}, "max_num_batched_tokens"),
+    ({"engine": "trtllm-gne", "engine_options": {"capacity_scheduler_policy": "MAX_UTILIZATION"}},
+     "capacity_scheduler_policy"),
+    ({"engine_options": {"max_num_seqs": 8}}, "engine_options"),
+])
+def test_bad_input_names_the_argument(kwargs, name, small):
+    trace, dep = small
+    kw = {"policy": "vllm", **kwargs}
+    with pytest.raises(ValueError, match=name):
+        simulate(trace, deployment=dep, rng=np.random.default_rng(0), **kw)
