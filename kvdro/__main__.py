@@ -5,7 +5,9 @@ prints the decision (z, r, pi, delta) with the cost breakdown of (8a) from
 :func:`kvdro.joint.evaluate` -- as JSON with ``--json``, else as a short report.
 
 ``--instance scaled --classes C --gpus J`` is chapter 6's family of any size
-(:func:`kvdro.bcd.scaling.scaled_instance`, e.g. 100 classes x 1,024 GPUs).
+(:func:`kvdro.bcd.scaling.scaled_instance`, e.g. 100 classes x 1,024 GPUs); ``--time-limit`` bounds
+its build as well as HiGHS (a size not built within it is refused, exit 2, naming it). ``--load``
+is at most :data:`MAX_LOAD`. ``--json`` prints strict JSON (a non-finite number is null, named on stderr).
 
 Methods: ``exact`` (the fastest proven formulation, :data:`kvdro.joint.exact.DEFAULT_FORMULATION`)
 and ``mccormick`` (the same MILP in the textbook McCormick form: same optimum, much weaker relaxation; give it a ``--time-limit``); ``bcd``
@@ -17,13 +19,44 @@ Exit status: 0 on success, 1 if the solver fails (message on stderr), 2 on bad u
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import math
+import signal
 import sys
+import threading
 
 from kvdro._fd import fd1_redirected
 
 METHODS = {"exact": "default", "mccormick": "mccormick", "bcd": "bcd"}  # "default": kvdro.joint.exact.DEFAULT_FORMULATION
+
+#: The largest ``--load`` accepted. Measured on the small instance (seed 0): 1e2, 1e4 and 1e6 solve
+#: to optimality; at 1e9 HiGHS calls the (feasible) MILP infeasible and at 1e15 cvxpy cannot unpack
+#: its answer -- the rates times the costs leave the range HiGHS's tolerances can tell apart.
+MAX_LOAD = 1e6
+
+
+class _BuildTimeout(Exception):
+    """The instance was not built within ``--time-limit`` (:func:`_deadline`)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Raise :class:`_BuildTimeout` in the main thread if the block runs longer than ``seconds``
+    (SIGALRM; a no-op where there is none, or off the main thread)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise _BuildTimeout
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +101,7 @@ def _report(instance, solution, ev) -> str:
 def _check_solve_args(args: argparse.Namespace) -> None:
     """ValueError naming the argument of ``solve`` that is wrong, with nothing imported but argparse's
     results: --classes/--gpus (only, and both, with ``--instance scaled``; each >= 1), --load > 0,
-    --time-limit > 0 (the same rules as :func:`kvdro.bcd.scaling.scaled_instance`,
+    --load <= :data:`MAX_LOAD`, --time-limit > 0 (the same rules as :func:`kvdro.bcd.scaling.scaled_instance`,
     :func:`kvdro.joint.paper_instance` and :func:`kvdro.joint.solve_exact`, which check them again)."""
     if args.instance == "scaled":
         if args.classes is None or args.gpus is None:
@@ -80,6 +113,9 @@ def _check_solve_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--classes/--gpus: only with --instance scaled, not {args.instance!r}")
     if args.load is not None and not (math.isfinite(args.load) and args.load > 0):
         raise ValueError(f"--load: must be a positive multiplier of the arrival rates, got {args.load!r}")
+    if args.load is not None and args.load > MAX_LOAD:
+        raise ValueError(f"--load: {args.load:g} is beyond the {MAX_LOAD:g} at which the MILP is still solved reliably "
+                         "(the rates times the costs leave the range of the solver's tolerances)")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise ValueError(f"--time-limit: must be a positive number of seconds, got {args.time_limit!r}")
 
@@ -109,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.instance == "scaled":  # chapter 6's family of any size (--classes, --gpus checked above)
             from kvdro.bcd.scaling import scaled_instance
 
-            instance = scaled_instance(args.classes, args.gpus, args.seed, serving=args.serving, **kwargs)
+            try:  # the build is bounded by --time-limit too (it grows with --classes: ~20 ms a class here)
+                with _deadline(args.time_limit):
+                    instance = scaled_instance(args.classes, args.gpus, args.seed, serving=args.serving, **kwargs)
+            except _BuildTimeout:
+                raise ValueError(f"--classes {args.classes} --gpus {args.gpus}: the instance was not built within "
+                                 f"--time-limit {args.time_limit:g} s (the limit bounds the build as well as HiGHS); "
+                                 "give fewer --classes or a larger --time-limit") from None
         else:
             instance = paper_instance(args.instance, args.seed, serving=args.serving, **kwargs)
         with fd1_redirected("stderr"):
@@ -157,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
 
         out["fingerprint"] = instance_fingerprint(instance, size=args.instance, seed=args.seed,
                                                   load=out["instance"]["load"])
-        print(json.dumps(out, indent=2))
+        from kvdro._strict_json import dumps as strict_json
+
+        print(strict_json(out, prog="kvdro solve", indent=2))
     else:
         print(_report(instance, solution, ev))
         if args.method == "bcd" and certificate is not None:

@@ -14,6 +14,15 @@ A long grid keeps the cells it has finished in ``<name>.partial.csv`` beside the
 partial file is removed). An interrupted grid therefore leaves the old table intact and the cells
 done so far on disk.
 
+Every CSV written by :func:`write_csv_atomic` gets a **manifest** beside it,
+``<stem>.manifest.json`` (:func:`manifest_path`): its file name, row count, column names, the
+columns that identify a row (``key``, when the writer knows them) and the SHA-256 of its bytes,
+written atomically right after the CSV. :func:`read_csv_checked` is how every reader of a cached
+result opens it: a file whose rows, columns, key columns or bytes differ from its manifest (cut,
+renamed header, edited by hand), or that has no manifest, is refused with a ValueError naming the
+file and what is wrong -- never read as if it were whole. ``python -m kvdro.bench manifests``
+writes the manifests of the committed ``data/*.csv`` (``--check`` verifies them).
+
 Floating-point results that a solver only reaches to round-off (a rejection cost of 1e-12 per
 second where the optimum rejects nothing) are rounded with ``decimals`` before writing, so that a
 regeneration that changes nothing real leaves the file byte-identical.
@@ -22,6 +31,9 @@ regeneration that changes nothing real leaves the file byte-identical.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
+import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,8 +42,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["atomic_path", "partial_path", "round_floats", "run_grid", "write_bytes_atomic", "write_csv_atomic",
-           "write_text_atomic"]
+__all__ = ["MANIFEST_SUFFIX", "FolderNotWritableError", "atomic_path", "ensure_writable", "check_manifest", "manifest_path", "partial_path", "read_csv_checked",
+           "round_floats", "run_grid", "write_bytes_atomic", "write_csv_atomic", "write_manifest", "write_text_atomic"]
+
+#: The manifest of ``<stem>.csv`` is ``<stem>.manifest.json`` beside it.
+MANIFEST_SUFFIX = ".manifest.json"
 
 
 def _target(path: object) -> Path:
@@ -43,6 +58,39 @@ def _target(path: object) -> Path:
     if not p.parent.is_dir():
         raise ValueError(f"path: the folder {p.parent} does not exist")
     return p
+
+
+class FolderNotWritableError(PermissionError):
+    """A cache or data folder that cannot be written (a file in its place, read-only, no permission).
+
+    Raised before a benchmark computes anything where it can be (:func:`ensure_writable`), else by
+    the write itself (:func:`atomic_path`); the message names the folder and what is wrong."""
+
+
+def ensure_writable(folder: str | os.PathLike[str], what: str | None = None, *, create: bool = False) -> Path:
+    """Check that ``folder`` can take new files by creating and removing one there (so a read-only
+    mount is caught even for root, whom permission bits do not stop); ``create`` makes it first.
+
+    Raises:
+        FolderNotWritableError: naming ``what`` (default: the folder) and the reason.
+    """
+    d = Path(folder)
+    name = what or str(d)
+    if d.exists() and not d.is_dir():
+        raise FolderNotWritableError(f"{name}: is a file, not a folder")
+    try:
+        if create:
+            d.mkdir(parents=True, exist_ok=True)
+        elif not d.is_dir():
+            raise FolderNotWritableError(f"{name}: the folder does not exist")
+        probe = d / f".kvdro-write-probe.{os.getpid()}.tmp"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FolderNotWritableError:
+        raise
+    except OSError as exc:
+        raise FolderNotWritableError(f"{name}: the folder is not writable ({exc.strerror or exc})") from None
+    return d
 
 
 def _pid_alive(pid: int) -> bool:
@@ -82,11 +130,17 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     Raises:
         ValueError: ``path`` is not a file path in an existing folder.
+        FolderNotWritableError: the folder cannot be written.
     """
     p = _target(path)
     _remove_stale(p)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
+        try:
+            tmp.touch()
+        except OSError as exc:  # a read-only or forbidden folder is named as such, not as a stray OSError
+            raise FolderNotWritableError(f"{p.parent}: the folder is not writable, cannot write {p.name} "
+                                         f"({exc.strerror or exc})") from None
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -136,21 +190,160 @@ def round_floats(df: pd.DataFrame, decimals: int) -> pd.DataFrame:
 
 
 def write_csv_atomic(df: pd.DataFrame, path: str | os.PathLike[str], *, decimals: int | None = None,
-                     index: bool = False, **to_csv: object) -> Path:
-    """Write ``df`` as CSV to ``path`` atomically (module docstring); returns the path.
+                     index: bool = False, manifest: bool = True, key: Sequence[str] | None = None,
+                     **to_csv: object) -> Path:
+    """Write ``df`` as CSV to ``path`` atomically (module docstring), then its manifest
+    (:func:`write_manifest`); returns the path.
 
     Args:
         decimals: round float columns to this many places first (:func:`round_floats`), where a
             solver's round-off would otherwise change the file at every regeneration.
+        manifest: write ``<stem>.manifest.json`` beside the file (False for a grid's partial file).
+        key: the columns that identify a row, recorded in the manifest (checked by every reader).
         index, **to_csv: passed to :meth:`pandas.DataFrame.to_csv` (e.g. ``float_format="%.6g"``).
     """
     if not isinstance(df, pd.DataFrame):
         raise ValueError(f"df: must be a pandas DataFrame, got {type(df).__name__}")
+    if key is not None:
+        key = _key_columns(key, "key")
+        missing = [k for k in key if k not in df.columns]
+        if missing:
+            raise ValueError(f"key: column(s) {missing} are not in the frame")
     if decimals is not None:
         df = round_floats(df, decimals)
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=index, **to_csv)
+    if manifest:
+        write_manifest(path, key=key)
     return Path(path)
+
+
+def _key_columns(key: object, argument: str) -> tuple[str, ...]:
+    if isinstance(key, str) or not isinstance(key, Sequence) or not all(isinstance(k, str) for k in key):
+        raise ValueError(f"{argument}: must be a sequence of column names, got {key!r}")
+    return tuple(key)
+
+
+def manifest_path(path: str | os.PathLike[str]) -> Path:
+    """Where the manifest of a cached CSV lives: ``<stem>.manifest.json`` beside it."""
+    p = Path(path)
+    return p.with_name(p.stem + MANIFEST_SUFFIX)
+
+
+def _parse(p: Path, data: bytes, **read_csv: object) -> pd.DataFrame:
+    try:
+        return pd.read_csv(io.BytesIO(data), **read_csv)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{p}: not a readable CSV ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+
+
+def write_manifest(path: str | os.PathLike[str], *, key: Sequence[str] | None = None) -> Path:
+    """Write the manifest of the CSV at ``path`` (module docstring) atomically; returns its path.
+
+    The rows and columns are those :func:`pandas.read_csv` reads from the file's bytes (so the
+    manifest describes what a reader gets); ``sha256`` is of the bytes themselves.
+
+    Raises:
+        ValueError: ``path`` is not a readable CSV, or ``key`` names a column it lacks.
+    """
+    p = _target(path)
+    data = p.read_bytes()
+    frame = _parse(p, data)
+    columns = [str(c) for c in frame.columns]
+    if key is not None:
+        key = list(_key_columns(key, "key"))
+        missing = [k for k in key if k not in columns]
+        if missing:
+            raise ValueError(f"key: column(s) {missing} are not in {p}")
+    doc = {"file": p.name, "rows": int(len(frame)), "columns": columns, "key": key,
+           "sha256": hashlib.sha256(data).hexdigest()}
+    return write_text_atomic(manifest_path(p), json.dumps(doc, indent=1) + "\n")
+
+
+def _read_manifest(p: Path, remake: str) -> dict:
+    mp = manifest_path(p)
+    if not mp.is_file():
+        raise ValueError(f"{p}: no manifest {mp.name} beside it, so its rows and columns cannot be checked; {remake}")
+    try:
+        doc = json.loads(mp.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{mp}: not a manifest (not JSON: {exc}); {remake}") from None
+    ok = (isinstance(doc, dict) and isinstance(doc.get("rows"), int) and isinstance(doc.get("columns"), list)
+          and isinstance(doc.get("sha256"), str) and (doc.get("key") is None or isinstance(doc.get("key"), list)))
+    if not ok:
+        raise ValueError(f"{mp}: not a manifest (needs rows, columns, sha256 and key); {remake}")
+    return doc
+
+
+def _problems(frame: pd.DataFrame, data: bytes, doc: Mapping, need: Sequence[str], key: Sequence[str]) -> list[str]:
+    """What is wrong with a parsed CSV against its manifest and its reader's needs (empty: nothing)."""
+    out = []
+    columns = [str(c) for c in frame.columns]
+    if columns != list(doc["columns"]):
+        missing = [c for c in doc["columns"] if c not in columns]
+        extra = [c for c in columns if c not in doc["columns"]]
+        if missing or extra:
+            out.append("its header differs from the manifest's columns"
+                       + (f": missing {missing}" if missing else "") + (f", unexpected {extra}" if extra else ""))
+        else:
+            out.append("its columns are in another order than the manifest's")
+    if len(frame) != doc["rows"]:
+        cut = " (cut short?)" if len(frame) < doc["rows"] else ""
+        out.append(f"it has {len(frame):,} rows, its manifest {doc['rows']:,}{cut}")
+    lacking = [c for c in need if c not in columns]
+    if lacking:
+        out.append(f"it lacks the column(s) {lacking} its reader needs")
+    key = [k for k in dict.fromkeys([*(doc.get("key") or []), *key]) if k in columns]
+    if key:
+        blank = [k for k in key if frame[k].isna().any()]
+        if blank:
+            out.append(f"key column(s) {blank} have empty cells")
+        dup = int(frame.duplicated(subset=key).sum())
+        if dup:
+            out.append(f"{dup} row(s) repeat a key ({', '.join(key)})")
+    if not out and hashlib.sha256(data).hexdigest() != doc["sha256"]:
+        out.append("its bytes differ from the manifest's sha256 (edited after it was written)")
+    return out
+
+
+def read_csv_checked(path: str | os.PathLike[str], *, columns: Sequence[str] = (), key: Sequence[str] = (),
+                     remake: str | None = None, **read_csv: object) -> pd.DataFrame:
+    """Read a cached CSV checked against its manifest (module docstring).
+
+    Args:
+        columns: columns the reader needs (beyond the manifest's).
+        key: columns that must identify each row (no empty cell, no repeat), beyond the manifest's key.
+        remake: the command that regenerates the file (said in every error).
+        **read_csv: passed to :func:`pandas.read_csv` (``usecols`` is not allowed: every column is checked).
+
+    Raises:
+        FileNotFoundError: no such file (naming ``remake``).
+        ValueError: no manifest, or the file differs from it -- the message names the file and
+            what is wrong (row count, missing or renamed columns, empty or repeated keys, edited bytes).
+    """
+    if "usecols" in read_csv:
+        raise ValueError("read_csv: usecols is not allowed (every column is checked against the manifest)")
+    columns, key = _key_columns(columns, "columns"), _key_columns(key, "key")
+    p = Path(path)
+    todo = f"regenerate it: `{remake}`" if remake else "restore it from git or regenerate it"
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} is missing: " + (f"run `{remake}`" if remake else "restore it from git"))
+    doc = _read_manifest(p, todo)
+    data = p.read_bytes()
+    frame = _parse(p, data, **read_csv)
+    problems = _problems(frame, data, doc, columns, key)
+    if problems:
+        raise ValueError(f"{p}: refused, " + "; ".join(problems) + f"; {todo}")
+    return frame
+
+
+def check_manifest(path: str | os.PathLike[str]) -> list[str]:
+    """What is wrong with the CSV at ``path`` against its manifest (an empty list: nothing)."""
+    try:
+        read_csv_checked(path)
+    except (ValueError, FileNotFoundError) as exc:
+        return [str(exc)]
+    return []
 
 
 def partial_path(path: str | os.PathLike[str]) -> Path:
@@ -220,11 +413,11 @@ def run_grid(
             row = {c: cell[c] for c in key if c not in row} | row  # a key column the result lacks goes first
         rows.append(row)
         if not resumed:
-            write_csv_atomic(pd.DataFrame(rows), part, decimals=decimals, **to_csv)
+            write_csv_atomic(pd.DataFrame(rows), part, decimals=decimals, manifest=False, **to_csv)
         if on_row is not None:
             on_row(row, resumed)
     df = pd.DataFrame(rows)
-    write_csv_atomic(df, path, decimals=decimals, **to_csv)
+    write_csv_atomic(df, path, decimals=decimals, key=[k for k in key if k in df.columns], **to_csv)
     with contextlib.suppress(FileNotFoundError):
         part.unlink()
     return df

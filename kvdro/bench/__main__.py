@@ -21,12 +21,19 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m kvdro.bench {" + ",".join(names + ["all"]) + "} [args]")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name == "all":
-        return max((importlib.import_module(f"kvdro.bench.{n}").main(rest) for n in names), default=0)
-    if name not in names:
+    name = name.replace("-", "_") if name.replace("-", "_") in names else name  # regimes-new: module regimes_new
+    if name != "all" and name not in names:
         print(f"unknown benchmark {name!r}; choose from {names + ['all']}", file=sys.stderr)
         return 2
-    return importlib.import_module(f"kvdro.bench.{name}").main(rest)
+    from kvdro.cachefile import FolderNotWritableError
+
+    try:  # data/ or the cache folder unwritable: named as such (exit 2), not an OSError traceback
+        if name == "all":
+            return max((importlib.import_module(f"kvdro.bench.{n}").main(rest) for n in names), default=0)
+        return importlib.import_module(f"kvdro.bench.{name}").main(rest)
+    except FolderNotWritableError as exc:
+        print(f"python -m kvdro.bench {name}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -360,6 +360,9 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("radius", "radii", "compare", "context", "realised"), help="write one table only")
     args = parser.parse_args(argv)
+    from kvdro.cachefile import ensure_writable
+
+    ensure_writable(DATA, f"{DATA} (where this benchmark writes its tables)")
     jobs = {"radius": radius_curves, "radii": radii_table, "compare": compare, "context": context, "realised": realised}
     for name, fn in jobs.items():
         if args.only and name != args.only:

@@ -430,6 +430,17 @@ def main(argv: list[str]) -> int:
                         help="recompute every cell of table3/scaling (default: resume from <name>.partial.csv)")
     parser.add_argument("--stale-instances", type=int, default=STALE_INSTANCES, help="random instances of the stale part")
     args = parser.parse_args(argv)
+    from kvdro.cachefile import ensure_writable
+
+    ensure_writable(DATA, f"{DATA} (where this benchmark writes its tables)")
+    from kvdro.bench._common import at_least
+
+    for flag, value, minimum, what in (("--seeds", args.seeds, 1, "a number of seeds >= 1"),
+                                       ("--stress", args.stress, 0, "a number of seeds >= 0"),
+                                       ("--stale-instances", args.stale_instances, 1, "a number of instances >= 1"),
+                                       ("--table3-limit", args.table3_limit, 1e-9, "a positive number of seconds"),
+                                       ("--window", args.window, 1e-9, "a positive number of seconds")):
+        at_least(parser, flag, value, minimum, what)
     parts = list(PARTS) if "all" in args.parts else args.parts
     for p in parts:
         if p not in PARTS:

@@ -36,10 +36,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parts", default="bands,agreement,mix", help="comma-separated: bands, agreement, mix (default all)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
-    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    unknown = parts - {"bands", "agreement", "mix"}
-    if unknown:
-        parser.error(f"--parts: unknown part(s) {sorted(unknown)}")
+    from kvdro.cachefile import ensure_writable
+
+    ensure_writable(DATA, f"{DATA} (where this benchmark writes its tables)")
+    from kvdro.bench._common import split_parts
+
+    parts = set(split_parts(parser, "--parts", args.parts, ("bands", "agreement", "mix")))
 
     from kvdro import calibration as cal
     from kvdro.bench._common import quiet_fd1

@@ -207,10 +207,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--large-seeds", type=int, default=3, help="number of large-instance seeds (from 0)")
     parser.add_argument("--refit", action="store_true", help="rewrite data/paper_base_models.json first")
     args = parser.parse_args(argv)
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    bad = sorted(set(parts) - set(PARTS))
-    if bad:
-        parser.error(f"--parts: unknown {bad}; choose from {PARTS}")
+    from kvdro.bench._common import at_least, split_parts
+
+    parts = split_parts(parser, "--parts", args.parts, PARTS)
+    at_least(parser, "--seeds", args.seeds, 1, "a number of seeds >= 1")
+    at_least(parser, "--large-seeds", args.large_seeds, 1, "a number of seeds >= 1")
+    at_least(parser, "--ladder-nodes", args.ladder_nodes, 1, "a node limit >= 1")
+    at_least(parser, "--ladder-time-limit", args.ladder_time_limit, 1e-9, "a positive number of seconds")
+    if set(parts) - {"small"} or args.refit:  # every part but small writes under data/
+        from kvdro.cachefile import ensure_writable
+
+        ensure_writable(DATA, f"{DATA} (where this benchmark writes its tables)")
     if args.refit:
         from kvdro.joint.paper import write_base_models
 

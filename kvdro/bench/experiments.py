@@ -53,6 +53,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="*", choices=NAMES, help="run only these sweeps")
     parser.add_argument("--regime", nargs="*", choices=REGIMES, help="run only these regimes (default both)")
     args = parser.parse_args(argv)
+    from kvdro.bench._common import at_least
+
+    at_least(parser, "--n-jobs", args.n_jobs, 1, "a number of worker processes >= 1")
+    for flag, value in (("--only", args.only), ("--regime", args.regime)):
+        if value is not None and not value:
+            parser.error(f"{flag}: names nothing (give at least one name, or drop the flag)")
+    from kvdro.cachefile import ensure_writable
+
+    from kvdro.experiments.results import DATA
+
+    ensure_writable(DATA, f"{DATA} (where this benchmark writes its tables)")
 
     from kvdro import experiments as ex
     from kvdro.bench._common import quiet_fd1

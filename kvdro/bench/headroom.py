@@ -59,6 +59,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS))
     parser.add_argument("--n-jobs", type=int, default=1, help="worker processes (default 1)")
     args = parser.parse_args(argv)
+    from kvdro.bench._common import at_least
+
+    if not args.parts:
+        parser.error(f"--parts: names no part; choose from {list(PARTS)}")
+    at_least(parser, "--n-jobs", args.n_jobs, 1, "a number of worker processes >= 1")
+    from kvdro.cachefile import ensure_writable
+
+    ensure_writable(DATA, f"{DATA} (where this benchmark writes its tables)")
     from kvdro.experiments import headroom as h
 
     cpu_total = wall_total = 0.0
@@ -112,7 +120,7 @@ def main(argv: list[str]) -> int:
             print(df[cols].round(3).to_string(index=False))
     if "seeds" in args.parts:
         t0 = time.perf_counter()
-        df = h.headroom_seeds(frame=pd.read_csv(DATA / "headroom.csv"), n_jobs=args.n_jobs)
+        df = h.headroom_seeds(frame=h.load_headroom(DATA / "headroom.csv"), n_jobs=args.n_jobs)
         dt = time.perf_counter() - t0
         cpu = float(df.attrs["cpu_s"])
         path = _write(df, "headroom_seeds.csv")

@@ -193,6 +193,9 @@ def main(argv: list[str]) -> int:
         print(f"[FAIL] the conversation trace has {len(trace):,} requests, expected {N_CONV:,}")
         return 1
     tp2 = default_deployment(config="TP2-PP1")
+    from kvdro.bench._common import at_least
+
+    at_least(parser, "--repeats", args.repeats, 1, "a number of timed runs >= 1")
     cases = [
         ("vllm", "soft", "2 x TP4-PP1", None, 1.0),
         ("dro", "soft", "2 x TP4-PP1", None, 1.0),

@@ -29,6 +29,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=20261129)
     parser.add_argument("--rho", type=float, default=10.0, help="c_p / c_w (default 10, the paper's)")
     args = parser.parse_args(argv)
+    from kvdro.bench._common import at_least
+
+    at_least(parser, "--n", args.n, 1, "a number of samples >= 1")
+    at_least(parser, "--seed", args.seed, 0, "a non-negative integer")
+    at_least(parser, "--rho", args.rho, 1e-300, "a positive cost ratio")
 
     rng = np.random.default_rng(args.seed)
     samples = np.minimum(rng.lognormal(mean=5.0, sigma=1.0, size=args.n), 4000.0)  # tokens

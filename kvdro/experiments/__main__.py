@@ -21,7 +21,6 @@ recomputes.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvdro._fd import fd1_redirected
+from kvdro._strict_json import dumps as strict_json
 
 EXPERIMENTS = ("table2", "table4", "table5", "fig3", "fig5", "fig6")
 COMMANDS = EXPERIMENTS + ("verdicts",)
@@ -109,10 +109,15 @@ def _verdicts(regime: str | None, *, as_json: bool, deadline: str = "request") -
     from kvdro.experiments import verdicts as v
     from kvdro.experiments.regimes import REGIMES
 
-    with fd1_redirected("stderr"):
-        out = [x for r in ((regime,) if regime else REGIMES) for x in v.verdicts(r, deadline=deadline)]
+    try:  # a cached sweep that is missing or differs from its manifest is named, not judged
+        with fd1_redirected("stderr"):
+            out = [x for r in ((regime,) if regime else REGIMES) for x in v.verdicts(r, deadline=deadline)]
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"python -m kvdro.experiments verdicts: {exc}", file=sys.stderr)
+        return 2
     if as_json:
-        print(json.dumps(_records(pd.DataFrame([x.as_row() for x in out])), indent=1))
+        print(strict_json(_records(pd.DataFrame([x.as_row() for x in out])), prog="python -m kvdro.experiments verdicts",
+                          indent=1))
         return 0
     for x in out:
         print(f"[{x.regime}] {x.claim}\n  paper's accounting [{x.verdict}]: {x.reason}\n  engine [{x.engine_verdict}]: {x.engine_reason}")
@@ -146,15 +151,21 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         os.environ["KVDRO_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvdro-nocache-")
-    with fd1_redirected("stderr"):  # solver banners (HiGHS writes to fd 1 from C) go to stderr: stdout stays JSON
-        frames = run(args.experiment, quick=args.quick, n_jobs=args.n_jobs, progress=not args.json, regime=regime)
-        summary, verdicts = summarise(args.experiment, frames, regime)
-    if args.write:
-        from kvdro.cachefile import write_csv_atomic
+    from kvdro.cachefile import FolderNotWritableError, ensure_writable, write_csv_atomic
 
-        for key, df in frames.items():
-            write_csv_atomic(df, csv_path(f"{key}_{regime}"), float_format="%.6g")
-            print(f"wrote {csv_path(f'{key}_{regime}')} ({len(df)} rows)", file=sys.stderr)
+    try:  # an unwritable data/ (with --write) or cache folder is named before anything runs
+        if args.write:
+            ensure_writable(DATA, f"{DATA} (--write)")
+        with fd1_redirected("stderr"):  # solver banners (HiGHS writes to fd 1 from C) go to stderr: stdout stays JSON
+            frames = run(args.experiment, quick=args.quick, n_jobs=args.n_jobs, progress=not args.json, regime=regime)
+            summary, verdicts = summarise(args.experiment, frames, regime)
+        if args.write:
+            for key, df in frames.items():
+                write_csv_atomic(df, csv_path(f"{key}_{regime}"), float_format="%.6g")
+                print(f"wrote {csv_path(f'{key}_{regime}')} ({len(df)} rows)", file=sys.stderr)
+    except FolderNotWritableError as exc:
+        print(f"python -m kvdro.experiments {args.experiment}: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         rows = [dict(r, sweep=key) for key, df in frames.items() for r in _records(df)]
         payload = {
@@ -165,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": _records(summary),
             "verdicts": [x.as_row() for x in verdicts],
         }
-        print(json.dumps(payload, indent=1))
+        print(strict_json(payload, prog=f"python -m kvdro.experiments {args.experiment}", indent=1))
         return 0
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_rows", 500):
         print(summary.round(3).to_string(index=False))

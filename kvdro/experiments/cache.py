@@ -5,7 +5,7 @@ A sweep cell (one simulation, one plan) is cached with :class:`joblib.Memory` ke
 * the function and its keyword arguments (trace name, split, policy, rho, seed, load, shift, ...),
 * a *code fingerprint*: the SHA-256 of the source of every module the result depends on
   (``kvdro.sim``, ``kvdro.bcd``, ``kvdro.joint``, ``kvdro.workload``, ``kvdro.datasets``,
-  ``kvdro.hardware``, ``kvdro.queueing``, ``kvdro.newsvendor``, ``kvdro.wasserstein``,
+  ``kvdro.servegen``, ``kvdro.hardware``, ``kvdro.queueing``, ``kvdro.newsvendor``, ``kvdro.wasserstein``,
   ``kvdro.ambiguity``, ``kvdro.costs`` and the cell code of ``kvdro.experiments``: traces, sweeps,
   analytic, regimes, uncertainty, headroom), so that a change to the
   simulator recomputes every cell, while a rebuild of the book with nothing changed recomputes
@@ -38,6 +38,7 @@ DEPENDENCIES: tuple[str, ...] = (
     "joint",
     "workload.py",
     "datasets.py",
+    "servegen.py",
     "hardware.py",
     "queueing.py",
     "newsvendor.py",
@@ -84,9 +85,17 @@ def code_fingerprint() -> str:
 
 
 def memory(enabled: bool = True) -> joblib.Memory:
-    """A :class:`joblib.Memory` on :func:`cache_dir` (or a no-op one when ``enabled`` is false)."""
+    """A :class:`joblib.Memory` on :func:`cache_dir` (or a no-op one when ``enabled`` is false).
+
+    Raises:
+        FolderNotWritableError: the folder is a file, or cannot be created or written (naming it
+            and ``KVDRO_CACHE_DIR`` when that set it).
+    """
     if not enabled:
         return joblib.Memory(location=None, verbose=0)
     path = cache_dir()
-    path.mkdir(parents=True, exist_ok=True)
+    from kvdro.cachefile import ensure_writable
+
+    where = f"{CACHE_ENV}={path}" if os.environ.get(CACHE_ENV) else f"the cache folder {path}"
+    ensure_writable(path, where, create=True)
     return joblib.Memory(location=str(path), verbose=0)

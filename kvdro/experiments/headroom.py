@@ -535,7 +535,7 @@ def load_seeds(path=None) -> pd.DataFrame:
     p = _data_dir() / "headroom_seeds.csv" if path is None else Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no cached seed study; run `python -m kvdro.bench headroom --parts seeds`")
-    return pd.read_csv(p)
+    return _read_checked(p, "seeds")
 
 
 def seed_summary(seeds: pd.DataFrame, workload: str, deployment: str, load: float, policy: str = "oracle") -> pd.Series:
@@ -736,6 +736,13 @@ def scheduling(*, arms=SCHEDULE_ARMS, seed: int = 0, n_jobs=None, progress: bool
 
 
 # ------------------------------------------------------------------------------------------------ cached results
+def _read_checked(path, part: str, key: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A cached table checked against its manifest (:func:`kvdro.cachefile.read_csv_checked`)."""
+    from kvdro.cachefile import read_csv_checked
+
+    return read_csv_checked(path, key=key, remake=f"python -m kvdro.bench headroom --parts {part}")
+
+
 def _data_dir():
     from kvdro.sim.studies import DATA_DIR
 
@@ -750,7 +757,7 @@ def load_headroom(path=None) -> pd.DataFrame:
     p = _data_dir() / "headroom.csv" if path is None else Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no cached headroom map; run `python -m kvdro.bench headroom --parts map`")
-    return pd.read_csv(p)
+    return _read_checked(p, "map", key=("workload", "deployment", "load"))
 
 
 def load_scheduling(path=None) -> pd.DataFrame:
@@ -760,7 +767,7 @@ def load_scheduling(path=None) -> pd.DataFrame:
     p = _data_dir() / "headroom_scheduling.csv" if path is None else Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no cached scheduling study; run `python -m kvdro.bench headroom --parts scheduling`")
-    return pd.read_csv(p)
+    return _read_checked(p, "scheduling")
 
 
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:

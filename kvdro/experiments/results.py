@@ -37,10 +37,11 @@ def path(name: str) -> Path:
 
 def read(name: str, regime: str | None = None, reading: str = "soft") -> pd.DataFrame:
     """The cached rows of sweep ``name`` (in ``regime``, for the simulated sweeps; ``reading="hard"``
-    for the hard-reservation sensitivity); FileNotFoundError names the command that makes them."""
+    for the hard-reservation sensitivity), checked against the file's manifest
+    (:func:`kvdro.cachefile.read_csv_checked`: a cut, renamed or edited file is a ValueError naming
+    it and what is wrong); FileNotFoundError names the command that makes them."""
     if regime is not None:
         name = f"{name}_{regime}" + ("_hard" if reading == "hard" else "")
-    p = path(name)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} is missing: run `{COMMANDS[name]}`")
-    return pd.read_csv(p)
+    from kvdro.cachefile import read_csv_checked
+
+    return read_csv_checked(path(name), remake=COMMANDS[name])

@@ -30,6 +30,7 @@ sets the number of workers of the default (process) backend. The test suite runs
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -69,6 +70,29 @@ def _check_cells(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS says, else the machine's count)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return max(os.cpu_count() or 1, 1)
+
+
+def _capped(n_jobs: int | None, cells: int, desc: str) -> int | None:
+    """``n_jobs`` capped at min(cells, CPUs) -- more workers than cells or CPUs only costs memory
+    (~100 MB each) -- with a line on stderr when capped; joblib's negative counts (-1: every CPU)
+    are read the same way. ``None`` (joblib's configuration) is left alone."""
+    if n_jobs is None:
+        return None
+    cpus = _cpus()
+    asked = int(n_jobs) if n_jobs > 0 else max(cpus + 1 + int(n_jobs), 1)
+    limit = min(cells, cpus)
+    if asked > limit:
+        print(f"{desc}: n_jobs = {int(n_jobs)} capped at {limit} = min({cells} cells, {cpus} CPUs)", file=sys.stderr)
+        return limit
+    return n_jobs
+
+
 def run_sweep(
     func: Callable[..., Mapping[str, Any]],
     cells: Sequence[Mapping[str, Any]],
@@ -84,8 +108,9 @@ def run_sweep(
         func: a module-level function (picklable: worker processes import it by name) returning a
             dict of scalar results. It must be deterministic in its arguments (seed included).
         cells: the sweep, a sequence of dicts of scalar inputs.
-        n_jobs: worker count of the default process backend; ``None`` defers to
-            :func:`joblib.parallel_config` (1 unless configured; the Dask backend picks its own).
+        n_jobs: worker count of the default process backend, capped at min(cells, CPUs) with a line
+            on stderr; ``None`` defers to :func:`joblib.parallel_config` (1 unless configured; the
+            Dask backend picks its own).
         cache: read and write the on-disk cache (:func:`kvdro.experiments.cache.cache_dir`).
         progress: show a tqdm bar on stderr.
         desc: the bar's label (default: ``func``'s name).
@@ -97,6 +122,7 @@ def run_sweep(
         raise ValueError(f"n_jobs: must be a non-zero integer or None, got {n_jobs!r}")
     if not rows:
         return pd.DataFrame()
+    n_jobs = _capped(n_jobs, len(rows), desc or func.__name__)
     call = memory(cache).cache(_call)
     fingerprint = code_fingerprint()
     jobs = (joblib.delayed(call)(func, cell, fingerprint) for cell in rows)

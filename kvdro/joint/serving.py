@@ -417,7 +417,11 @@ class CalibrationTable:
 
 
 @lru_cache(maxsize=4)
-def _read(path: str, mtime: float) -> pd.DataFrame:
+def _read(path: str, mtime: float, checked: bool = False) -> pd.DataFrame:
+    if checked:  # the committed cache in data/: refused if it differs from its manifest (issue 36)
+        from kvdro.cachefile import read_csv_checked
+
+        return read_csv_checked(path, remake="python -m kvdro.bench calibration --parts bands")
     return pd.read_csv(path)
 
 
@@ -439,8 +443,8 @@ def load_calibration(source: str = "real", path: Path | str | None = None,
         q = Path(q)
         if not q.is_file():
             raise ValueError(f"classes_path: {q} does not exist; write it with `python -m kvdro.bench calibration`")
-        classes = _read(str(q), q.stat().st_mtime).copy()
-    return CalibrationTable(source=source, frame=_read(str(p), p.stat().st_mtime).copy(), classes=classes)
+        classes = _read(str(q), q.stat().st_mtime, classes_path is None).copy()
+    return CalibrationTable(source=source, frame=_read(str(p), p.stat().st_mtime, path is None).copy(), classes=classes)
 
 
 @dataclass(frozen=True)

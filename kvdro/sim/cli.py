@@ -15,8 +15,15 @@ documented default (:func:`kvdro.sim.default_deployment`: the paper's J = 8 A100
 admission that never preempts, or a reservation of exactly L_in + xi); ``--schedule sof`` orders the
 waiting queue shortest-output-first with aging, by the true lengths (:func:`kvdro.sim.simulate`).
 Buffers of a reservation policy are fitted on the trace itself (in sample). ``--json`` prints
-exactly the metric keys (:data:`kvdro.sim.METRIC_KEYS`); ``--breakdown`` adds ``cost_breakdown``.
-A progress bar goes to stderr. Exit status 0 on success, 2 on bad input.
+exactly the metric keys (:data:`kvdro.sim.METRIC_KEYS`) as strict JSON (a non-finite number, e.g.
+``cost_total`` at ``--rho 1e308``, is null and named on stderr); ``--breakdown`` adds ``cost_breakdown``.
+
+``--plan plan.json`` (:mod:`kvdro.sim.plan`) serves a plan of ``python -m kvdro solve --json`` on its
+instance's test half, or on ``--trace`` (a registry trace of the instance's families is split into
+its sub-classes by prompt length). It honours ``--trace``, ``--scale``, ``--engine``,
+``--reservation``, ``--schedule``, ``--max-model-len``, ``--seed``, ``--json``, ``--breakdown`` and
+``--quiet``, and refuses (exit 2, naming the flag) ``--policy``, ``--rho``, ``--config`` and
+``--groups``, which the plan fixes. A progress bar goes to stderr. Exit status 0 on success, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from kvdro._strict_json import dumps as strict_json
 
 __all__ = ["add_parser", "run", "load_trace_arg"]
 
@@ -40,7 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="admission policy (required unless --plan); oracle and exact know the true output lengths")
     s.add_argument("--plan", default=None, help="a plan document of `python -m kvdro solve --json` (kvdro.sim.plan): "
                    "simulate its deployment, routing, caching and buffers")
-    s.add_argument("--rho", type=float, default=10.0, help="cost ratio c_p / c_w (default 10)")
+    s.add_argument("--rho", type=float, default=None, help="cost ratio c_p / c_w (default 10; a plan fixes its own)")
     s.add_argument("--config", default=None, help="serving configuration, e.g. TP4-PP1 (default: 2 x TP4-PP1)")
     s.add_argument("--groups", type=int, default=None, help="number of groups of --config (default: as many as 8 GPUs hold)")
     s.add_argument("--seed", type=int, default=0, help="seed of the routing draw (default 0)")
@@ -99,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.plan is not None:
         return _run_plan(args)
+    if args.rho is None:
+        args.rho = 10.0
     if args.trace is None or args.policy is None:
         print("kvdro simulate: --trace and --policy are required unless --plan is given", file=sys.stderr)
         return 2
@@ -120,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         out = dict(result.metrics)
         if args.breakdown:
             out["cost_breakdown"] = result.cost
-        print(json.dumps(out, indent=2))
+        print(strict_json(out, prog="kvdro simulate", indent=2))
         return 0
     m = result.metrics
     print(f"{args.trace}: {len(trace):,} requests, policy {args.policy} ({args.reservation}, {args.schedule}), rho {args.rho:g}, "
@@ -140,10 +151,22 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_plan(args: argparse.Namespace) -> int:
     """``simulate --plan plan.json``: the plan on its instance's test half (or ``--trace``), JSON with
-    the metric keys plus ``e2e_mean_s``, ``observed`` and the plan's ``predicted``."""
-    from kvdro.sim.plan import simulate_plan
+    the metric keys plus ``e2e_mean_s``, ``observed`` and the plan's ``predicted``. The flags a plan
+    fixes (:data:`kvdro.sim.plan.FIXED_BY_PLAN`) are refused with exit 2; ``--scale``, ``--engine``,
+    ``--reservation``, ``--schedule``, ``--max-model-len`` and ``--seed`` are honoured."""
+    import numpy as np
 
+    from kvdro.sim.plan import FIXED_BY_PLAN, simulate_plan
+
+    given = {"--policy": args.policy, "--rho": args.rho, "--config": args.config, "--groups": args.groups}
+    for flag, value in given.items():
+        if value is not None:
+            print(f"kvdro simulate: {flag} cannot be combined with --plan: {FIXED_BY_PLAN[flag]} "
+                  "(drop the flag, or solve another plan)", file=sys.stderr)
+            return 2
     try:
+        if not (np.isfinite(args.scale) and args.scale > 0):
+            raise ValueError(f"--scale: must be a positive number, got {args.scale!r}")
         path = Path(args.plan)
         if not path.is_file():
             raise ValueError(f"--plan: {args.plan!r} is not a file")
@@ -152,7 +175,10 @@ def _run_plan(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--plan: {args.plan} is not JSON ({exc})") from None
         trace = None if args.trace is None else load_trace_arg(args.trace)
-        result, summary = simulate_plan(plan, trace, seed=args.seed)
+        settings = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+        result, summary = simulate_plan(plan, trace, seed=args.seed, scale=args.scale, engine=args.engine,
+                                        reservation=args.reservation, schedule=args.schedule,
+                                        progress=not args.quiet, **settings)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvdro simulate: {exc}", file=sys.stderr)
         return 2
@@ -162,10 +188,11 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.breakdown:
         out["cost_breakdown"] = result.cost
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(strict_json(out, prog="kvdro simulate", indent=2))
         return 0
     o, p = summary["observed"], summary["predicted"] or {}
-    print(f"plan {args.plan}: {summary['deployment']}")
+    print(f"plan {args.plan}: {summary['deployment']} ({args.reservation}, {args.schedule}, engine {args.engine}"
+          + (f", arrival rate x {args.scale:g}" if args.scale != 1.0 else "") + ")")
     for key in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
         pv = p.get(key)
         print(f"  {key:<20} simulated {o[key]:10.3f}   predicted {'–' if pv is None else format(pv, '10.3f')}")

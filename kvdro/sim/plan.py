@@ -15,6 +15,19 @@ by ``solve``. :func:`simulate_plan` rebuilds the instance from ``instance`` and 
 fingerprint differs (a ValueError naming both), or warns (:class:`PlanMismatchWarning`, naming
 both) when the caller serves another trace on purpose; the decision must match the instance's
 shapes, with z >= 0 and pi > 0 only where z > 0 (:meth:`kvdro.joint.Solution.check`).
+
+A trace given instead of the test half must name the plan's classes. A registry trace of the small
+instance's families (``azure-2023-code``: class ``code``; ``azure-2023-conv``: ``conversation``) is
+mapped onto them by :func:`match_plan_classes`: each request goes to its family's short / medium /
+long sub-class by the input-length edges the instance was built with (the whole trace's terciles,
+:func:`kvdro.workload.split_by_input_quantile`, as :func:`kvdro.joint.paper.azure_classes`). Any
+other class is refused with a ValueError saying how to map it.
+
+What the plan fixes -- the policy (``dro`` with the plan's buffers), the cost ratio rho = c_p / c_w,
+the configurations and the number of groups -- cannot be changed here; the engine, the reading of a
+reservation (soft / hard), the queue order, the context window, the routing seed and a multiplier
+of the arrival rate (``scale``) can (``python -m kvdro simulate --plan`` refuses the former flags
+with exit 2, :data:`FIXED_BY_PLAN`).
 """
 
 from __future__ import annotations
@@ -29,8 +42,19 @@ import pandas as pd
 from kvdro.sim.deployment import buffers_from_solution, deployment_from_solution
 from kvdro.sim.simulate import SimResult, simulate
 
-__all__ = ["FINGERPRINT_KEYS", "PlanMismatchWarning", "instance_fingerprint", "simulate_solution", "observed",
-           "solution_from_dict", "simulate_plan"]
+__all__ = ["FINGERPRINT_KEYS", "FIXED_BY_PLAN", "PlanMismatchWarning", "instance_fingerprint", "match_plan_classes",
+           "simulate_solution", "observed", "solution_from_dict", "simulate_plan"]
+
+#: ``simulate`` flags a plan fixes (flag -> what fixes it): refused with ``--plan``.
+FIXED_BY_PLAN: dict[str, str] = {
+    "--policy": "the plan is served by policy dro with its own buffers r_i",
+    "--rho": "the plan's instance fixes the cost ratio c_p / c_w",
+    "--config": "the plan's z fixes the configurations",
+    "--groups": "the plan's z fixes the number of groups",
+}
+
+#: The registry traces the small instance's classes come from: dataset -> its class (family) name.
+_FAMILIES = {"azure-2023-code": "code", "azure-2023-conv": "conversation"}
 
 #: What a plan's ``fingerprint`` holds (:func:`instance_fingerprint`).
 FINGERPRINT_KEYS = ("name", "size", "classes", "J", "seed", "load", "serving", "configs", "samples_sha256")
@@ -60,9 +84,54 @@ def _describe(fp: Mapping) -> str:
             f"load {fp.get('load')}, serving {fp.get('serving')}, samples {fp.get('samples_sha256')})")
 
 
-def simulate_solution(instance, solution, trace: pd.DataFrame, *, seed: int = 0) -> SimResult:
+def match_plan_classes(trace: pd.DataFrame, instance) -> pd.DataFrame:
+    """``trace`` with its classes mapped onto the instance's (module docstring).
+
+    A trace whose classes are all the instance's is returned as is. A class ``c`` the instance
+    splits into ``c-short``, ``c-medium``, ``c-long`` and that is a family of the small instance's
+    registry traces is split by that trace's input-length edges [tokens] (the first sub-class whose
+    upper edge is >= the request's prompt; longer prompts go to ``-long``).
+
+    Raises:
+        ValueError: a class the plan has no sub-classes for, naming it, the plan's classes and how to map.
+    """
+    from kvdro.datasets import load_trace
+    from kvdro.workload import split_by_input_quantile
+
+    names = [c.name for c in instance.classes]
+    have = [str(c) for c in pd.unique(trace["request_class"])]
+    labels = ("short", "medium", "long")
+    families = {f: d for d, f in _FAMILIES.items()}
+    unmatched = [c for c in have if c not in names]
+    if not unmatched:
+        return trace
+    bad = [c for c in unmatched if c not in families or any(f"{c}-{b}" not in names for b in labels)]
+    if bad:
+        raise ValueError(
+            f"--trace: no plan class for the trace's class(es) {bad}: the plan serves {names}. A registry trace of "
+            f"{', '.join(sorted(_FAMILIES))} is split into the plan's sub-classes by prompt length; for another trace "
+            "give each request one of the plan's class names (column request_class, kvdro.sim.plan.simulate_plan"
+            "(plan, trace) in Python) or solve a plan for that trace")
+    out = trace.copy()
+    cls = out["request_class"].astype(object).to_numpy(copy=True)
+    x = out["input_tokens"].to_numpy()
+    for c in unmatched:
+        edges = np.asarray(split_by_input_quantile(load_trace(families[c]), 3).attrs["input_edges"][c], dtype=float)
+        mask = cls == c
+        bucket = np.clip(np.searchsorted(edges[1:-1], x[mask], side="left"), 0, 2)
+        cls[mask] = [f"{c}-{labels[b]}" for b in bucket]
+    out["request_class"] = pd.Series(cls, index=out.index, dtype=object)
+    return out
+
+
+def simulate_solution(instance, solution, trace: pd.DataFrame, *, seed: int = 0, engine: str = "fast",
+                      reservation: str = "soft", schedule: str = "fcfs", progress: bool = False,
+                      **settings) -> SimResult:
     """Serve ``trace`` with the plan ``solution`` of ``instance``: its deployment, routing, caching
     and buffers (policy ``dro`` with the plan's buffers) and the instance's costs.
+
+    ``engine``, ``reservation``, ``schedule`` and ``progress`` go to :func:`kvdro.sim.simulate`;
+    ``settings`` (e.g. ``max_model_len``) to the :class:`~kvdro.sim.Deployment`.
 
     Raises:
         ValueError: a decision that does not fit ``instance`` (:meth:`kvdro.joint.Solution.check`).
@@ -73,8 +142,9 @@ def simulate_solution(instance, solution, trace: pd.DataFrame, *, seed: int = 0)
     # deadline="class": the plan's own goodput prediction (and the SLO term (6f) it priced) judges a
     # request by its class's D_i, so the engine's goodput is read the same way here (chapter 11).
     return simulate(trace, policy="dro", buffers=buffers_from_solution(instance, solution),
-                    deployment=deployment_from_solution(instance, solution), rho=instance.c_p / instance.c_w,
-                    costs=costs, rng=np.random.default_rng([int(seed), 4]), deadline="class")
+                    deployment=deployment_from_solution(instance, solution, **settings), rho=instance.c_p / instance.c_w,
+                    costs=costs, rng=np.random.default_rng([int(seed), 4]), deadline="class", engine=engine,
+                    reservation=reservation, schedule=schedule, progress=progress)
 
 
 def observed(instance, result: SimResult) -> dict:
@@ -114,10 +184,15 @@ def solution_from_dict(d: Mapping):
         raise ValueError(f"plan: 'solution': {exc}") from None
 
 
-def simulate_plan(plan: Mapping, trace: pd.DataFrame | None = None, *, seed: int = 0) -> tuple[SimResult, dict]:
+def simulate_plan(plan: Mapping, trace: pd.DataFrame | None = None, *, seed: int = 0, scale: float = 1.0,
+                  **run) -> tuple[SimResult, dict]:
     """Simulate a plan document (module docstring) on ``trace`` (default: the instance's test half).
 
-    Returns (result, summary): ``summary`` holds ``observed`` beside the plan's ``predicted``.
+    ``scale`` multiplies the trace's arrival rate (``arrival_s / scale``); ``run`` goes to
+    :func:`simulate_solution` (``engine``, ``reservation``, ``schedule``, ``progress``, ``max_model_len``).
+
+    Returns (result, summary): ``summary`` holds ``observed`` beside the plan's ``predicted`` (made
+    for the instance's own load: with ``scale`` != 1 or another trace they answer different traffic).
 
     Raises:
         ValueError: a malformed plan (naming the missing key), a plan without a fingerprint (made
@@ -163,7 +238,14 @@ def simulate_plan(plan: Mapping, trace: pd.DataFrame | None = None, *, seed: int
                          f"{[c.name for c in instance.classes]}")
     if trace is None:
         trace = paper_trace(size, iseed, load=load, part="test")
-    result = simulate_solution(instance, solution, trace, seed=seed)
+    else:
+        trace = match_plan_classes(trace, instance)
+    if scale != 1.0:
+        from kvdro.sim.cli import _scaled
+
+        trace = _scaled(trace, scale)
+    result = simulate_solution(instance, solution, trace, seed=seed, **run)
     summary = {"observed": observed(instance, result), "predicted": plan.get("predicted"),
-               "deployment": result.deployment.describe()}
+               "deployment": result.deployment.describe(), "scale": float(scale),
+               "reservation": run.get("reservation", "soft"), "schedule": run.get("schedule", "fcfs")}
     return result, summary

@@ -23,7 +23,9 @@ before the sweep (:func:`classify`), all on ``vllm``'s run:
   ``"compute-saturated"`` (saturated, memory not binding), ``"light"``, otherwise ``"between"``.
 
 :func:`choose_operating_points` applies a rule to the map to name the operating points the paper is
-tested in; :data:`OPERATING_POINTS` (read lazily from ``data/sim_regimes.csv``) holds them:
+tested in; :data:`NAMED_POINTS` names the cells it picked, and :data:`OPERATING_POINTS` (read lazily
+from ``data/sim_regimes.csv``, checked against its manifest) holds those named rows -- refusing a map
+that lacks them or where the rule now picks others:
 
 * ``"memory"`` (the primary point): among the memory-bound, stable cells of the conversation trace
   on a deployment of one configuration (the experiments' deployments), the one with the lowest
@@ -63,6 +65,9 @@ __all__ = [
     "classify",
     "choose_operating_points",
     "load_regime_map",
+    "MAP_KEY",
+    "NAMED_POINTS",
+    "named_operating_points",
     "OPERATING_POINTS",
 ]
 
@@ -271,23 +276,66 @@ def choose_operating_points(frame: pd.DataFrame, trace: str = "conversation") ->
     return points
 
 
+#: The operating points chapters 8-9 and the sweeps run at, by name: regime -> (trace, deployment,
+#: load), the cells :func:`choose_operating_points` picked from ``data/sim_regimes.csv`` when the
+#: experiments were run. :data:`OPERATING_POINTS` reads these rows of the map (never whichever row
+#: the rule finds in what remains of a damaged file) and checks that the rule still picks them.
+NAMED_POINTS: dict[str, tuple[str, str, float]] = {
+    "memory": ("conversation", "4 x TP2-PP1", 0.7),
+    "light": ("conversation", "2 x TP4-PP1", 0.6),
+}
+#: The command that regenerates ``data/sim_regimes.csv``.
+REGIMES_COMMAND = "python -m kvdro.bench sim --regimes"
+#: The columns that identify a cell of the regime map.
+MAP_KEY = ("trace", "deployment", "load")
+
+
 def load_regime_map(path: Path | None = None) -> pd.DataFrame:
-    """The cached regime map (``data/sim_regimes.csv``); FileNotFoundError says how to make it."""
+    """The cached regime map (``data/sim_regimes.csv``), classified, checked against its manifest
+    (:func:`kvdro.cachefile.read_csv_checked`: a cut, renamed or edited file is a ValueError naming
+    it and what is wrong); FileNotFoundError says how to make it."""
+    from kvdro.cachefile import read_csv_checked
     from kvdro.sim.studies import DATA_DIR
 
     p = DATA_DIR / "sim_regimes.csv" if path is None else Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: no cached regime map; run `python -m kvdro.bench sim --regimes`")
-    return classify(pd.read_csv(p))
+        raise FileNotFoundError(f"{p}: no cached regime map; run `{REGIMES_COMMAND}`")
+    need = ("kv_mean", "kv_peak", "preemptions", "slo_violation", "e2e_p99_s", "drain_share")
+    return classify(read_csv_checked(p, columns=need, key=MAP_KEY, remake=REGIMES_COMMAND))
+
+
+def named_operating_points(frame: pd.DataFrame) -> dict[str, OperatingPoint]:
+    """The rows of :data:`NAMED_POINTS` in a regime map, as operating points.
+
+    Raises:
+        ValueError: a named row is missing from ``frame`` (naming it), or the rule of
+            :func:`choose_operating_points` no longer picks it (the map was regenerated with other
+            results: update :data:`NAMED_POINTS` and rerun the sweeps that use it).
+    """
+    f = classify(frame) if "stable" not in frame.columns else frame
+    chosen = choose_operating_points(f, trace=NAMED_POINTS["memory"][0])
+    points = {}
+    for regime, (trace, dep, load) in NAMED_POINTS.items():
+        rows = f[(f["trace"] == trace) & (f["deployment"] == dep) & np.isclose(f["load"].astype(float), load)]
+        if len(rows) != 1:
+            raise ValueError(f"frame: the {regime} operating point ({trace}, {dep}, load {load:g}) is "
+                             f"{'missing from' if rows.empty else 'repeated in'} the regime map; run `{REGIMES_COMMAND}`")
+        rule = chosen[regime]
+        if rule.trace != trace or rule.deployment_label != dep or not np.isclose(rule.scale, load):
+            raise ValueError(f"frame: the rule now picks {rule.deployment_label} at {rule.scale:g} as the {regime} point, "
+                             f"not the named {dep} at {load:g}: update kvdro.sim.regimes.NAMED_POINTS and rerun "
+                             "the sweeps of chapters 8-9")
+        points[regime] = _point(regime, rows.iloc[0], rule.exact)
+    return points
 
 
 _CACHE: dict[str, dict[str, OperatingPoint]] = {}
 
 
 def __getattr__(name: str):
-    """``OPERATING_POINTS``: :func:`choose_operating_points` on the cached map, computed on first use."""
+    """``OPERATING_POINTS``: :func:`named_operating_points` of the cached map, computed on first use."""
     if name == "OPERATING_POINTS":
         if "conversation" not in _CACHE:
-            _CACHE["conversation"] = choose_operating_points(load_regime_map())
+            _CACHE["conversation"] = named_operating_points(load_regime_map())
         return _CACHE["conversation"]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
