@@ -140,6 +140,16 @@ def test_prefix_block_keys_share_iff_hash_block_shared(mooncake):
                                               inp[r] // 16 - 32 * h.iloc[r].index(b)) for b in shared)
 
 
+@pytest.mark.parametrize("name", sorted(README))
+def test_mooncake_hash_ids_are_prefix_hashes(mooncake, name):
+    """What prefix_block_keys relies on: an id sits at one position and follows one id, always, so an
+    equal id means an equal prefix up to that block."""
+    position, before = {}, {}
+    for ids in mooncake[name]["hash_ids"]:
+        for i, x in enumerate(ids):
+            assert position.setdefault(x, i) == i and before.setdefault(x, ids[i - 1] if i else -1) == (ids[i - 1] if i else -1)
+
+
 @pytest.mark.parametrize("bad", [0, 3, 1024, -16, 16.0, True])
 def test_prefix_block_keys_refuses_bad_block_size(bad):
     tr = pd.DataFrame({"input_tokens": [16], "hash_ids": [(1,)]})
