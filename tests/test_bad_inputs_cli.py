@@ -141,6 +141,10 @@ def test_a_cut_regime_map_is_refused(regime_map):
     regime_map.write_bytes(b[: len(b) // 3])  # mid-row: a KeyError in the sweeps before
     with pytest.raises(ValueError, match="sim_regimes.csv: refused"):
         regimes.OPERATING_POINTS
+    from kvdro.experiments.regimes import operating_point  # what every chapter-9 sweep calls
+
+    with pytest.raises(ValueError, match="sim_regimes.csv: refused"):
+        operating_point("memory")
 
 
 def test_a_regime_map_without_the_named_row_is_refused(regime_map):
@@ -218,7 +222,7 @@ def test_a_cache_dir_that_is_a_file_is_named(tmp_path, monkeypatch, capsys):
 def test_n_jobs_is_capped_at_the_cells_and_the_cpus(monkeypatch, capsys):
     from kvdro.experiments import runner
 
-    monkeypatch.setattr(runner, "_cpus", lambda: 2)
+    monkeypatch.setattr(runner, "available_cpus", lambda: 2)
     assert runner._capped(1000, 3, "sweep") == 2
     assert "sweep: n_jobs = 1000 capped at 2 = min(3 cells, 2 CPUs)" in capsys.readouterr().err
     assert runner._capped(1000, 1, "sweep") == 1 and runner._capped(-1, 5, "sweep") == -1

@@ -111,8 +111,11 @@ def main(argv: list[str]) -> int:
         write_csv_atomic(df, path, float_format="%.6g")  # atomic: a killed run leaves the old file
         print(f"{name:>10} {regime or '-':>7} {len(df):>6} {dt:>8.1f} {dt / max(len(df), 1):>7.2f} {cpu:>8.1f}  {path.name}", flush=True)
     print(f"{'all':>10} {'':>7} {'':>6} {total:>8.1f} {'':>7} {cpu_total:>8.1f}")
-    print(f"CPU seconds of the cells (computed, not cached) / n_jobs = {cpu_total / max(args.n_jobs, 1):.0f} s: the wall time on "
-          f"{max(args.n_jobs, 1)} otherwise idle cores (cache hits report the CPU of the run that computed them)")
+    from kvdro.experiments.runner import available_cpus
+
+    workers = min(args.n_jobs, available_cpus())  # run_sweep caps the workers at the CPUs (and the cells)
+    print(f"CPU seconds of the cells (computed, not cached) / n_jobs = {cpu_total / workers:.0f} s: the wall time on "
+          f"{workers} otherwise idle cores (cache hits report the CPU of the run that computed them)")
     return 0
 
 

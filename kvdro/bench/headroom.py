@@ -133,6 +133,9 @@ def main(argv: list[str]) -> int:
                       f"{100 * r.gain_max:+.1f}% (median {100 * r.gain_median:+.1f}%); >= 5 % beyond noise in "
                       f"{r.seeds_counted:.0f}/{r.n_seeds:.0f}, stable in {r.seeds_stable:.0f}/{r.n_seeds:.0f}; pooled {100 * r.gain:+.1f}% "
                       f"[{100 * r.lo:+.1f}, {100 * r.hi:+.1f}]")
+    from kvdro.experiments.runner import available_cpus
+
+    workers = min(args.n_jobs, available_cpus())  # run_sweep caps the workers at the CPUs (and the cells)
     print(f"all: {wall_total:,.0f} s wall, {cpu_total:,.0f} CPU s of the cells; CPU / n_jobs = "
-          f"{cpu_total / max(args.n_jobs, 1):,.0f} s (the wall time on {max(args.n_jobs, 1)} quiet cores)")
+          f"{cpu_total / workers:,.0f} s (the wall time on {workers} quiet cores)")
     return 0

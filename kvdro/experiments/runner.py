@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from kvdro.experiments.cache import code_fingerprint, memory
 
-__all__ = ["run_sweep"]
+__all__ = ["available_cpus", "run_sweep"]
 
 
 def _call(func: Callable[..., Mapping[str, Any]], cell: Mapping[str, Any], code: str) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def _check_cells(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _cpus() -> int:
+def available_cpus() -> int:
     """CPUs this process may run on (its affinity where the OS says, else the machine's count)."""
     try:
         return max(len(os.sched_getaffinity(0)), 1)
@@ -84,7 +84,7 @@ def _capped(n_jobs: int | None, cells: int, desc: str) -> int | None:
     are read the same way. ``None`` (joblib's configuration) is left alone."""
     if n_jobs is None:
         return None
-    cpus = _cpus()
+    cpus = available_cpus()
     asked = int(n_jobs) if n_jobs > 0 else max(cpus + 1 + int(n_jobs), 1)
     limit = min(cells, cpus)
     if asked > limit:
