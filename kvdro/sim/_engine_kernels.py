@@ -11,11 +11,12 @@ import numpy as np
 from numba import njit
 
 from kvdro.sim.scheduler import BLOCK_TOKENS
+from kvdro.sim.timing import MAX_CLOCK_PS
 
 #: The longest jump [decode steps]; keeps every product of a jump inside int64 (module docstring).
 KMAX = 1 << 16
 _NONE = 1 << 62
-_TMAX = 3 << 61  # the clock may not pass this [ps]: t + one jump (< 2**61 ps) stays inside int64
+_TMAX = MAX_CLOCK_PS  # the drain limit [ps]: t + one jump (< 2**60 ps) + one step stays inside int64
 _LIMB = 30
 _MASK = (1 << _LIMB) - 1
 _BOUND = 1 << 61
@@ -23,7 +24,7 @@ _BOUND = 1 << 61
 # state vector indices
 _FREE, _SUMOFF, _NTIGHT, _NRUN, _RHEAD, _RTAIL, _DSIZE, _OSIZE, _ERR = range(9)
 # error codes
-_OK, _STUCK, _JUMP_OVERDRAW, _WINDOW, _RANGE, _HEAP, _ORACLE_PREEMPTED = range(7)
+_OK, _STUCK, _JUMP_OVERDRAW, _WINDOW, _RANGE, _HEAP, _ORACLE_PREEMPTED, _CLOCK = range(8)
 
 
 @njit(cache=True)
@@ -469,6 +470,8 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
     wake = -1
 
     while True:
+        if t >= _TMAX:  # the drain limit, as in every engine (kvdro.sim.envelope)
+            return _CLOCK
         while nxt < n_req and arr[nxt] <= t:
             psize = _rank_push(pool, psize, rank[nxt])
             nxt += 1
@@ -543,6 +546,8 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
             if look and X[j] - gprev[j] - 1 >= 1:
                 _la_add(j, kv_off[j] + 1, X[j] - g_off[j] - 1, lk, mem, mpos, lo_o, lo_c, S)
         if m > 0:
+            if tokens >= s0tab.size:  # the table covers every step (envelope.prefill_tokens_bound)
+                return _RANGE
             s0 = s0tab[tokens]
             extra = pair_s * float(pairs) - token_s * float(tokens)
             x = s0 + extra if extra > 0 else s0
@@ -623,7 +628,7 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
         C0 = sc[_SUMOFF] + n * (G + 1)
         lin = b + slope * C0
         sn = slope * n
-        if lin <= 0 or lin >= (1 << 46) or sn >= (1 << 30) or sn < 0:
+        if lin <= 0 or lin >= (1 << 43) or sn >= (1 << 28) or sn < 0:  # envelope.MAX_DECODE_PS, MAX_GROWTH_PS
             return _RANGE
         if wake >= 0 and wake - G < k:
             k = wake - G  # > 0: the look-ahead failed at G
@@ -677,7 +682,7 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
             dps += Dk
             t += Dk
             G += k
-            if not ok or t >= _TMAX:
+            if not ok:
                 return _RANGE
             if watch and arr[nxt] <= t:
                 continue
@@ -813,7 +818,7 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
             _release(j, nb, sc, K, ref, pblocks)
             if look:
                 _la_done(j, lk, mem, mpos, lo_o, lo_c, S)
-        if not ok or t >= _TMAX:
+        if not ok:
             return _RANGE
 
     totals[0] = steps

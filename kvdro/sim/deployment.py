@@ -189,6 +189,12 @@ class Deployment:
         for g in groups:
             blocks = self.engine_blocks(g)
             need = math.ceil(self.max_model_len / BLOCK_TOKENS) + self.watermark_blocks(g) + self.max_prefix_blocks + 1
+            if blocks < need and blocks >= need - self.watermark_blocks(g):
+                raise ValueError(
+                    f"watermark: {self.watermark!r} keeps {self.watermark_blocks(g)} of the {blocks} blocks of one engine "
+                    f"of {g.name} free, leaving too few for one {self.max_model_len}-token sequence "
+                    f"({need - self.watermark_blocks(g)} blocks with the prefixes); vLLM's default is {WATERMARK}"
+                )
             if blocks < need:
                 raise ValueError(
                     f"max_model_len: {self.max_model_len} tokens do not fit one engine of {g.name} "

@@ -23,10 +23,17 @@ the data structures, so that the loop compiles to machine code:
   ordinary step is the same simulation (the ordinary step is the general one), which the tests
   check by running with ``kmax`` = 1, 2, 3, ...;
 * step durations come from tables: ``base(n)`` for n <= ``max_num_seqs`` and the prefill floor
-  ``S0(tokens)`` for every token count up to the step's token budget, both from the same
+  ``S0(tokens)`` for every token count one prefill step of the run can hold -- the token budget,
+  or fewer when the trace is short: the sum of the ``max_num_seqs`` longest prompts plus their
+  recompute (:func:`kvdro.sim.envelope.prefill_tokens_bound`), so a budget of 10**8 tokens does not
+  tabulate 10**8 times for a 50-request trace -- both from the same
   :class:`~kvdro.sim.timing.StepClock` and combined with the same float operations and the same
   round-half-to-even as :meth:`StepClock.prefill_ps`. The tables are built once per clock and
-  process (``S0`` costs ~10 us per token count: ~0.17 s for a 16,384-token budget).
+  process and grow when a run needs more (``S0`` costs ~10 us per token count: ~0.17 s for a
+  16,384-token budget);
+* the engines' envelope (:mod:`kvdro.sim.envelope`) is checked before the loop, as in the Python
+  engines, and the loop stops with the same :class:`~kvdro.sim.timing.ClockLimitError` when its
+  clock passes the drain limit :data:`~kvdro.sim.timing.MAX_CLOCK_PS`.
 
 **Why numba.** The issue asks for >= 5x the Python fast engine. That engine already does one
 Python iteration per *event* (a completion, an overflow, an arrival, a preemption), not per step:
@@ -48,19 +55,22 @@ and the compiled engine the rest (a sweep).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import weakref
 
 import numpy as np
 
+from kvdro.sim.envelope import check_envelope, prefill_tokens_bound
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec, queue_order
-from kvdro.sim.timing import StepClock
+from kvdro.sim.timing import ClockLimitError, StepClock
 
 #: numba is installed (checked without importing it: its import alone costs ~0.2-0.8 s).
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
-__all__ = ["HAVE_NUMBA", "KMAX", "SUPPORTS_ORACLE", "SWITCH_REQUESTS", "run_auto", "run_compiled", "warm_up"]
+__all__ = ["HAVE_NUMBA", "KMAX", "SUPPORTS_ORACLE", "SWITCH_REQUESTS", "jit_disabled", "run_auto", "run_compiled",
+           "warm_up"]
 
 #: The compiled engine runs the oracle's look-ahead and a key-ordered waiting queue
 #: (:mod:`kvdro.sim.scheduler`) itself; ``simulate`` routes them here when True.
@@ -76,7 +86,8 @@ _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _tables(clock: StepClock, max_seqs: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
-    """(base(n) for n = 0..max_seqs [ps], S0(tokens) for tokens = 0..budget [s]) of ``clock``."""
+    """(base(n) for n = 0..max_seqs [ps], S0(tokens) for tokens = 0..budget [s]) of ``clock``, at least;
+    ``budget`` = the most tokens a prefill step of the run holds (:func:`prefill_tokens_bound`)."""
     from kvdro.hardware import step_time
 
     base, s0 = _TABLES.get(clock, (np.zeros(0, np.int64), np.zeros(0)))
@@ -122,18 +133,33 @@ def run_auto(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
     :data:`SWITCH_REQUESTS` requests (a one-off ``python -m kvdro simulate`` on a 19,366-request
     trace stays as quick as before) and the compiled engine everything after -- or at once, for a
     run that large or when it is already loaded: never more than about twice the better choice's
-    time. Both engines give identical results (``tests/test_sim_compiled.py``), so the choice
-    changes only the speed.
+    time. With ``NUMBA_DISABLE_JIT=1`` (:func:`jit_disabled`) it always runs the Python fast engine.
+    The engines give identical results and refuse the same runs (one envelope,
+    :mod:`kvdro.sim.envelope`; ``tests/test_sim_compiled.py``), so the choice -- and how many
+    requests the process served before -- changes only the speed.
     """
     global _served_by_python
     kernels = sys.modules.get("kvdro.sim._engine_kernels")
-    loaded = kernels is not None and bool(kernels._kernel.signatures)
-    if HAVE_NUMBA and (loaded or _served_by_python + len(inp) >= SWITCH_REQUESTS):
+    loaded = kernels is not None and bool(getattr(kernels._kernel, "signatures", None))
+    if HAVE_NUMBA and not jit_disabled() and (loaded or _served_by_python + len(inp) >= SWITCH_REQUESTS):
         return run_compiled(spec, inp, clock, progress=progress)
     from kvdro.sim.engine_fast import run_fast
 
     _served_by_python += len(inp)
     return run_fast(spec, inp, clock, progress=progress)
+
+
+def jit_disabled() -> bool:
+    """``NUMBA_DISABLE_JIT`` is set: the kernels would run as plain Python, far slower than the Python
+    fast engine, so :func:`run_auto` keeps to the latter (the same results either way). Read as
+    numba reads it (an integer, 0 = off), from numba's own config once numba is imported."""
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        return bool(numba.config.DISABLE_JIT)
+    try:
+        return int(os.environ.get("NUMBA_DISABLE_JIT", "0") or 0) != 0
+    except ValueError:
+        return False
 
 
 def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=None, kmax: int = KMAX) -> EngineOutput:
@@ -148,11 +174,12 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
         from kvdro.sim.engine_fast import run_fast
 
         return run_fast(spec, inp, clock, progress=progress)
-    if int(kmax) < 1:
-        raise ValueError(f"kmax: must be >= 1 decode step, got {kmax!r}")
+    if isinstance(kmax, bool) or not isinstance(kmax, (int, np.integer)) or not 1 <= kmax <= KMAX:
+        raise ValueError(f"kmax: must be an integer in [1, {KMAX}] decode steps, got {kmax!r}")
+    check_envelope(spec, inp, clock)
     n = len(inp)
     out = EngineOutput.empty(n)
-    base, s0 = _tables(clock, spec.max_num_seqs, spec.token_budget)
+    base, s0 = _tables(clock, spec.max_num_seqs, prefill_tokens_bound(spec, inp))
     totals = np.zeros(8, np.int64)
     wide = np.zeros(9, np.int64)
     R = np.array(inp.reserve_blocks, dtype=np.int64, copy=True)  # grows when hard-capped
@@ -176,6 +203,8 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
         raise InvariantError("compiled engine: a jump took more blocks than are free")
     if code == kern._WINDOW:
         raise InvariantError(f"compiled engine: request {int(totals[7])} outgrew a reservation at the context window")
+    if code == kern._CLOCK:
+        raise ClockLimitError(clock.config.name, n, "the clock passed it before the queue drained")
     if code == kern._RANGE:
         raise ValueError("spec/clock: step durations or integrals outside the compiled engine's exact integer "
                          "range (use engine='fast-python')")

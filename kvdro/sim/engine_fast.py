@@ -32,9 +32,10 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
+from kvdro.sim.envelope import check_envelope
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation, queue_ranks
-from kvdro.sim.timing import StepClock
+from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError, StepClock
 
 __all__ = ["run_fast"]
 
@@ -50,7 +51,9 @@ def _moments(o: int, k: int) -> tuple[int, int]:
 
 
 def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=None) -> EngineOutput:
-    """Simulate one engine by jumping between events (module docstring)."""
+    """Simulate one engine by jumping between events (module docstring). Raises ValueError /
+    :class:`~kvdro.sim.timing.ClockLimitError` outside the engines' envelope (:mod:`kvdro.sim.envelope`)."""
+    check_envelope(spec, inp, clock)
     n_req = len(inp)
     arr = inp.arrival_ps.tolist()
     L, X, R = inp.prompt.tolist(), inp.output.tolist(), inp.reserve_blocks.tolist()
@@ -145,6 +148,8 @@ def run_fast(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=N
         return None
 
     while True:
+        if t >= MAX_CLOCK_PS:  # the drain limit, as in every engine (kvdro.sim.envelope)
+            raise ClockLimitError(clock.config.name, n_req, "the clock passed it before the queue drained")
         while nxt < n_req and arr[nxt] <= t:
             heapq.heappush(pool, rank[nxt])
             nxt += 1

@@ -9,17 +9,21 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from kvdro.sim.envelope import check_envelope
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import (BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec, ceil_blocks, grown_reservation,
                                  lookahead_fits, queue_ranks)
-from kvdro.sim.timing import StepClock
+from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError, StepClock
 
 __all__ = ["run_reference"]
 
 
 def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, record: bool = False, progress=None) -> EngineOutput:
     """Simulate one engine step by step. ``record=True`` keeps a per-step trace (small runs only):
-    rows ``(t_ps, dur_ps, kind, free_blocks, [(request, cached_tokens, capacity_tokens), ...])``."""
+    rows ``(t_ps, dur_ps, kind, free_blocks, [(request, cached_tokens, capacity_tokens), ...])``.
+    Raises ValueError / :class:`~kvdro.sim.timing.ClockLimitError` outside the engines' envelope
+    (:mod:`kvdro.sim.envelope`), as the other engines do."""
+    check_envelope(spec, inp, clock)
     n = len(inp)
     arr = inp.arrival_ps.tolist()
     L, X, R = inp.prompt.tolist(), inp.output.tolist(), inp.reserve_blocks.tolist()  # R grows when hard-capped
@@ -65,6 +69,8 @@ def run_reference(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, recor
         st["peak"] = max(st["peak"], used)
 
     while True:
+        if t >= MAX_CLOCK_PS:  # the drain limit, as in every engine (kvdro.sim.envelope)
+            raise ClockLimitError(clock.config.name, n, "the clock passed it before the queue drained")
         while nxt < n and arr[nxt] <= t:
             heapq.heappush(pool, rank[nxt])
             nxt += 1

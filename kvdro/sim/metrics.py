@@ -62,14 +62,16 @@ def default_costs(rho: float, costs: Mapping[str, float] | None = None) -> dict[
     overridden by ``costs``. ValueError names a bad key or value."""
     from kvdro.costs import DEFAULT_C_GPU, PAPER_COSTS  # not kvdro.joint: it would import CVXPY
 
-    if not (np.isfinite(rho) and rho > 0):
+    from kvdro.sim.deployment import _real
+
+    if not (_real("rho", rho) > 0):  # strings ("10") and booleans (True) refused, not converted
         raise ValueError(f"rho: must be a positive finite number, got {rho!r}")
     out = {"c_w": PAPER_COSTS["c_w"], "c_slo": PAPER_COSTS["c_slo"], "c_rej": PAPER_COSTS["c_rej"], "c_gpu": DEFAULT_C_GPU}
     given = dict(costs or {})
     for k, v in given.items():
         if k not in ("c_p", "c_w", "c_slo", "c_rej", "c_gpu"):
             raise ValueError(f"costs: unknown key {k!r} (use c_p, c_w, c_slo, c_rej, c_gpu)")
-        if not (np.isfinite(v) and v >= 0):
+        if not (_real(f"costs[{k!r}]", v) >= 0):
             raise ValueError(f"costs: {k} must be a non-negative finite number, got {v!r}")
     out.update({k: float(v) for k, v in given.items() if k != "c_p"})
     out["c_p"] = float(given["c_p"]) if "c_p" in given else float(rho) * out["c_w"]

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from kvdro.newsvendor import saa_reservation
+from kvdro.sim.deployment import _real
 from kvdro.wasserstein import dro_reservation
 
 __all__ = ["ALL_POLICIES", "DISPLAY_NAMES", "ORACLE_POLICIES", "POLICIES", "RESERVATION_POLICIES", "Buffers",
@@ -118,9 +119,9 @@ def policy_buffers(
     if policy not in ALL_POLICIES:
         raise ValueError(f"policy: must be one of {ALL_POLICIES}, got {policy!r}")
     for name, value in (("rho", rho), ("c_w", c_w)):
-        if not (np.isfinite(value) and value > 0):
+        if not (_real(name, value) > 0):  # strings and booleans refused, not converted
             raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
-    if not (np.isfinite(eps_fraction) and eps_fraction >= 0):
+    if not (_real("eps_fraction", eps_fraction) >= 0):
         raise ValueError(f"eps_fraction: must be a non-negative finite number, got {eps_fraction!r}")
     _check_train(train)
     if policy == "vllm" or policy in ORACLE_POLICIES:
@@ -162,15 +163,17 @@ def policy_buffers(
 def request_buffers(buffers: Mapping[str, float], request_class: np.ndarray, input_tokens: np.ndarray) -> np.ndarray:
     """Per-request buffer eta [tokens] from per-class ``buffers`` (and an ``lp`` predictor's slopes).
 
-    Raises ValueError naming a trace class that has no buffer, or a negative / non-finite buffer.
+    Raises ValueError naming a trace class that has no buffer, or a negative / non-finite buffer, or
+    one given as text or a boolean. A buffer may be any finite size: :func:`kvdro.sim.simulate`
+    clips it to the context window before casting it to an integer (``SimResult.clipped_buffers``).
     """
     eta = np.empty(len(request_class))
     classes = pd.unique(request_class)
     for name in classes:
         if str(name) not in buffers:
             raise ValueError(f"buffers: no buffer for request class {name!r} (have {sorted(buffers)})")
-        value = float(buffers[str(name)])
-        if not (np.isfinite(value) and value >= 0):
+        value = _real(f"buffers[{str(name)!r}]", buffers[str(name)])  # "10" or True refused, not converted
+        if not value >= 0:
             raise ValueError(f"buffers: buffer of class {name!r} must be a non-negative finite number, got {value!r}")
         mask = request_class == name
         slope = getattr(buffers, "slope", {}).get(str(name), 0.0)

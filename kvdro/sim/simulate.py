@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvdro.sim.deployment import Deployment, default_deployment
+from kvdro.sim.deployment import Deployment, _real, default_deployment
+from kvdro.sim.envelope import MAX_TOKENS
 from kvdro.sim.invariants import check_accounting, check_engine
 from kvdro.sim.metrics import compute_metrics, default_costs
 from kvdro.sim.engine_choice import (IMPLEMENTATIONS, check_max_new, check_preset_arguments, generation_limits,
@@ -76,6 +77,10 @@ class SimResult:
         policy, buffers, deployment, engine, reservation, safety_rules: what was run; ``engine`` is
             the preset (``"vllm-v0"``, ...), ``implementation`` the code that ran it, ``max_new`` and
             ``engine_options`` what the requests carried and the preset's overridden knobs.
+        clipped_buffers: how many served requests of a reservation policy had a buffer eta larger
+            than the context window leaves (``eta > max_model_len - L_in``): their reservation was
+            clipped to the window, ``max_model_len`` tokens, before any integer cast (0 for ``vllm``
+            and ``oracle``; the ``buffer_tokens`` column keeps the unclipped eta).
         outputs: the raw :class:`~kvdro.sim.scheduler.EngineOutput` of each engine (with a per-step
             trace when ``record=True``), aligned with ``specs``.
     """
@@ -94,6 +99,7 @@ class SimResult:
     reservation: str = "soft"
     safety_rules: bool = True
     schedule: str = "fcfs"
+    clipped_buffers: int = 0
     implementation: str = "fast"
     max_new: str | int = "unset"
     engine_options: dict = field(default_factory=dict)
@@ -104,12 +110,40 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _numeric_column(trace: pd.DataFrame, col: str, argument: str, unit: str) -> np.ndarray:
+    """Column ``col`` as float64; ValueError naming it for a repeated column, booleans, datetimes or
+    text (a number that arrives as ``"10"`` or ``True`` is a bug upstream, not a number)."""
+    names = [str(c) for c in trace.columns]
+    twins = [c for c in names if c == col or (c.startswith(col + ".") and c[len(col) + 1:].isdigit())]
+    if len(twins) > 1:
+        raise ValueError(f"{argument}: column {col!r} appears {len(twins)} times ({twins}; pandas renames a repeated "
+                         "CSV header 'x' to 'x.1'): keep one, it is ambiguous which to use")
+    s = trace[col]
+    kind = s.dtype.kind
+    if kind == "b":
+        raise ValueError(f"{argument}: column {col!r} must hold numbers [{unit}], not True/False")
+    if kind in "mM":
+        raise ValueError(f"{argument}: column {col!r} must hold numbers [{unit}], got {s.dtype} values "
+                         f"(convert them, e.g. (t - t.min()).dt.total_seconds() for times)")
+    if kind not in "iuf":
+        v = s.to_numpy(dtype=object)
+        bad = np.array([isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating))
+                        for x in v], dtype=bool)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{argument}: column {col!r} must hold numbers [{unit}], not text, booleans or other "
+                             f"objects; row {i} has {_plain(v[i])!r}")
+    return s.to_numpy(dtype=float, na_value=np.nan)
+
+
 def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
     """Validate a tidy trace; ValueError names the column and the first bad row.
 
-    Arrivals must be finite and >= 0 and span at most :data:`kvdro.sim.timing.MAX_HORIZON_S`
-    (53 days: the int64 picosecond clock); every request names its class; token counts are
-    integers (prompts >= 1 token)."""
+    Each tidy column appears once; arrivals are numbers [s] (not datetimes), finite and >= 0, and
+    span at most :data:`kvdro.sim.timing.MAX_HORIZON_S` (53 days: the int64 picosecond clock);
+    every request names its class; token counts are integer numbers (not text or booleans),
+    prompts >= 1 token, each at most :data:`kvdro.sim.envelope.MAX_TOKENS` = 2**53 (float64's
+    exact integers: a larger count would be rounded or wrap in an int64 cast)."""
     if not isinstance(trace, pd.DataFrame):
         raise ValueError(f"{argument}: must be a pandas DataFrame with columns {list(_TIDY)}")
     missing = [c for c in _TIDY if c not in trace.columns]
@@ -117,7 +151,9 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
         raise ValueError(f"{argument}: missing column(s) {missing}")
     if len(trace) == 0:
         raise ValueError(f"{argument}: empty trace")
-    t = pd.to_numeric(trace["arrival_s"], errors="coerce").to_numpy(dtype=float)
+    if list(trace.columns).count("request_class") > 1:
+        raise ValueError(f"{argument}: column 'request_class' appears more than once: keep one")
+    t = _numeric_column(trace, "arrival_s", argument, "s")
     bad = ~np.isfinite(t) | (t < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -137,7 +173,7 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
         raise ValueError(f"{argument}: column 'request_class' must name each request's class; row {i} has "
                          f"{_plain(cls.iloc[i])!r}")
     for col in ("input_tokens", "output_tokens"):
-        v = pd.to_numeric(trace[col], errors="coerce").to_numpy(dtype=float)
+        v = _numeric_column(trace, col, argument, "tokens")
         bad = ~np.isfinite(v) | (v < 0) | (v != np.round(v))
         if col == "input_tokens":
             bad |= v < 1
@@ -145,6 +181,11 @@ def check_trace(trace: pd.DataFrame, argument: str = "trace") -> pd.DataFrame:
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{argument}: column {col!r} must hold {'positive' if col == 'input_tokens' else 'non-negative'} "
                              f"integer token counts; row {i} has {_plain(trace[col].iloc[i])!r}")
+        big = v > MAX_TOKENS
+        if big.any():
+            i = int(np.flatnonzero(big)[0])
+            raise ValueError(f"{argument}: column {col!r} holds {_plain(trace[col].iloc[i])!r} tokens in row {i}, more "
+                             "than the 2**53 (9.0e15) the simulator counts exactly")
     return trace
 
 
@@ -273,6 +314,8 @@ def simulate(
         raise ValueError(f"deadline: must be one of {DEADLINES}, got {deadline!r}")
     if record and implementation != "reference":
         raise ValueError("record: a per-step trace needs implementation='reference'")
+    if not (_real("eps_fraction", eps_fraction) >= 0):
+        raise ValueError(f"eps_fraction: must be a finite number >= 0, got {eps_fraction!r}")
     check_trace(trace)
     dep = default_deployment(trace) if deployment is None else deployment
     if not isinstance(dep, Deployment):
@@ -334,14 +377,21 @@ def simulate(
             hint = hint[order]
         if aging_s_per_token * float(hint.max()) > MAX_HORIZON_S:
             raise ValueError(f"length_hint: aging_s_per_token x the largest hint exceeds {MAX_HORIZON_S:.3g} s")
+        if float(arrival_ps.max()) + aging_s_per_token * float(hint.max()) * PS_PER_S >= 2.0**63 - 2.0**12:
+            raise ValueError("length_hint: the last arrival plus aging_s_per_token x the largest hint passes the "
+                             "int64 picosecond clock")
         queue_key = arrival_ps + np.round(aging_s_per_token * hint * PS_PER_S).astype(np.int64)
 
     group = _route(cls, names, dep, rng)
     rejected = group < 0
     served = ~rejected & ~ignored
     reserve_blocks = np.zeros(n, dtype=np.int64)
+    clipped = 0
     if reserves:
-        tokens = np.minimum(L + np.ceil(eta).astype(np.int64), limit)
+        # the buffer clipped to the window before the integer cast (a buffer >= 2**63 - L_in would wrap)
+        room = np.maximum(limit - L, 0).astype(float)
+        clipped = int(np.count_nonzero(served & (eta > room)))
+        tokens = np.minimum(L + np.ceil(np.minimum(eta, room)).astype(np.int64), limit)
         reserve_blocks = -(-tokens // BLOCK_TOKENS)
 
     # prefix caching: shared blocks per class and per request
@@ -511,6 +561,6 @@ def simulate(
         metrics=metrics, cost=breakdown, requests=requests, engines=pd.DataFrame(engine_rows),
         policy=policy, buffers=dict(buf), deployment=dep, engine=engine,
         specs=[s for s, _ in specs], outputs=outputs, inputs=inputs,
-        reservation=reservation, safety_rules=safety_rules, schedule=schedule,
+        reservation=reservation, safety_rules=safety_rules, schedule=schedule, clipped_buffers=clipped,
         implementation=implementation, max_new=max_new, engine_options=dict(engine_options or {}),
     )

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from kvdro.hardware import GPU, Model, ParallelConfig, step_time
 
-__all__ = ["MAX_HORIZON_PS", "MAX_HORIZON_S", "PS_PER_S", "StepClock", "seconds_to_ps"]
+__all__ = ["MAX_CLOCK_PS", "MAX_CLOCK_S", "MAX_HORIZON_PS", "MAX_HORIZON_S", "PS_PER_S", "ClockLimitError", "StepClock",
+           "seconds_to_ps"]
 
 _SHARED: dict = {}
 
@@ -45,6 +46,28 @@ PS_PER_S = 10**12
 MAX_HORIZON_PS = 2**62
 #: :data:`MAX_HORIZON_PS` in seconds (4.61e6 s, 53.4 days).
 MAX_HORIZON_S = MAX_HORIZON_PS / PS_PER_S
+#: The **drain limit**: no step of any engine may end at or after this time [ps] (3 x 2**61 =
+#: 6.92e18 ps, 80.1 days after the first arrival). It leaves 2**61 ps below 2**63 - 1, more than the
+#: longest jump of the compiled engine (:mod:`kvdro.sim.envelope` bounds it), so the clock itself
+#: never wraps. All three engines refuse a run that passes it with the same :class:`ClockLimitError`
+#: (checked up front with a lower bound of the drain, and exactly while the run goes): which engine
+#: ran never changes whether a run completes.
+MAX_CLOCK_PS = 3 << 61
+#: :data:`MAX_CLOCK_PS` in seconds (6.92e6 s, 80.1 days).
+MAX_CLOCK_S = MAX_CLOCK_PS / PS_PER_S
+
+
+class ClockLimitError(ValueError):
+    """A run's simulated clock would pass :data:`MAX_CLOCK_PS`: the trace does not drain on this
+    deployment within the int64 picosecond clock (bad input, named: too many or too long requests
+    for the serving groups). Every engine raises it, with the same condition."""
+
+    def __init__(self, config: str, requests: int, detail: str):
+        super().__init__(
+            f"trace/deployment: the {requests:,} requests sent to one {config} engine do not drain within the "
+            f"simulator's clock ({MAX_CLOCK_S:.3g} s = {MAX_CLOCK_S / 86400:.1f} days of simulated time, int64 "
+            f"picoseconds): {detail}; send fewer or shorter requests to each engine (more groups, a shorter "
+            "trace) or simulate the trace in parts")
 
 
 def seconds_to_ps(seconds: float) -> int:
