@@ -79,3 +79,20 @@ def test_bad_requests_name_the_column():
     with pytest.raises(ValueError, match="engine"):
         step_trace(_reqs(("a", 0, 4, 1)), engine="sglang", num_blocks=3, max_num_seqs=2, max_num_batched_tokens=16,
                    max_model_len=50)
+
+
+def test_with_prefix_caching_a_preempted_request_hits_its_own_freed_blocks():
+    # The preemption scenario above with prefix caching on: b is preempted at step 1 holding 1 block
+    # with its 16 computed prompt tokens (a full block: cached). The free queue hands out its head
+    # first: the 1 never-used block (a's 2nd at step 1... taken before b's freeing), then b's freed
+    # block is the only free one: a's 3rd block at step 17 evicts it. So at step 20 b misses and
+    # recomputes all 17 tokens, as without the cache.
+    steps = step_trace(_reqs(("a", 0, 16, 20), ("b", 0, 16, 20)), num_blocks=4, max_num_seqs=4,
+                       max_num_batched_tokens=64, max_model_len=1000, enable_prefix_caching=True)
+    assert steps[1]["preempted"] == ["b"] and steps[20]["scheduled"] == {"b": 17}
+    # a shorter a (10 tokens, done at step 9 before needing a 3rd block): b's cached block survives;
+    # at step 10 b hits it (16 tokens) and computes only its 17th token: 1 scheduled token.
+    steps = step_trace(_reqs(("a", 0, 16, 10), ("b", 0, 16, 20)), num_blocks=4, max_num_seqs=4,
+                       max_num_batched_tokens=64, max_model_len=1000, enable_prefix_caching=True)
+    assert steps[1]["preempted"] == ["b"] and steps[9]["finished"] == ["a"]
+    assert steps[10]["scheduled"] == {"b": 1}

@@ -75,15 +75,17 @@ def make_config(engine: str, options: Mapping | None = None):
 
 def step_trace(requests: pd.DataFrame, *, engine: str = "vllm-v1", num_blocks: int, block_size: int = 16,
                max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-               long_prefill_token_threshold: int = 0) -> list[dict]:
+               long_prefill_token_threshold: int = 0, enable_prefix_caching: bool = False) -> list[dict]:
     """Replay ``requests`` through a preset with steps in place of time: one dict per ``schedule()`` call.
 
     ``requests``: columns ``request_id`` (str), ``arrival_step`` (int >= 0: the request is added
     before that ``schedule()`` call), ``input_tokens`` (>= 1), ``output_tokens`` (>= 1; the request's
     ``max_tokens`` and its true length: it stops after that many tokens, or when prompt + output
     reaches ``max_model_len``). ``num_blocks`` is vLLM's ``num_gpu_blocks``: block 0 is vLLM's null
-    block, so ``num_blocks - 1`` hold tokens. Prefix caching is off (the replay must run vLLM with
-    ``enable_prefix_caching=False`` to compare). Returns, for step 0, 1, ... until every request
+    block, so ``num_blocks - 1`` hold tokens. ``enable_prefix_caching``: off by default (run vLLM
+    with the same setting to compare); on, a preempted request hits its own freed blocks while they
+    are still cached (:mod:`kvdro.sim.engines.free_queue`; no prompt shares blocks with another:
+    token ids are not modelled). Returns, for step 0, 1, ... until every request
     finished: ``{"step": k, "scheduled": {request_id: num_scheduled_tokens}, "preempted": [ids],
     "finished": [ids]}``; a token is sampled for a request exactly when its prefill completes in that
     step or it decodes; ``finished`` lists the requests whose last token was sampled in step k.
@@ -109,7 +111,8 @@ def step_trace(requests: pd.DataFrame, *, engine: str = "vllm-v1", num_blocks: i
         raise ValueError("requests: column 'request_id' must be unique")
     cfg = make_config("vllm-v1", {"block_size": block_size, "max_num_seqs": max_num_seqs,
                                   "max_num_batched_tokens": max_num_batched_tokens,
-                                  "long_prefill_token_threshold": long_prefill_token_threshold})
+                                  "long_prefill_token_threshold": long_prefill_token_threshold,
+                                  "enable_prefix_caching": enable_prefix_caching})
     from kvdro.sim.engines.knobs import positive_int
 
     positive_int("num_blocks", num_blocks, at_least=2, why="block 0 is the null block")

@@ -59,6 +59,7 @@ class EngineState:
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.steps = 0  # schedule() calls so far (SGLang's ratio decays per decode step)
+        self.queue = None  # vLLM v1's FreeBlockQueue when prefix caching is on (kvdro.sim.engines.free_queue)
         self.extra: dict = {}  # an engine's own state (SGLang's new_token_ratio)
 
     # -- the request ------------------------------------------------------------------------
@@ -75,28 +76,44 @@ class EngineState:
         """New pages request ``j`` needs so that ``tokens`` of its tokens have a slot."""
         return max(0, self.pages_for(tokens) - self.held[j])
 
-    def allocate(self, j: int, tokens: int, *, keep_free: int = 0) -> bool:
+    def allocate(self, j: int, tokens: int, *, keep_free: int = 0, hit_pages: int = 0) -> bool:
         """Give request ``j`` slots for ``tokens`` tokens if the new pages fit, leaving ``keep_free``
-        pages free; False (and nothing taken) otherwise (vLLM v1's ``allocate_slots`` returning None)."""
+        pages free; False (and nothing taken) otherwise (vLLM v1's ``allocate_slots`` returning None).
+        ``hit_pages``: leading pages of a re-admitted request found in the prefix cache (free pages
+        taken back, their tokens not recomputed; vLLM v1 with a :attr:`queue`)."""
         need = self.pages_needed(j, tokens)
         if need > self.free - keep_free:
             return False
+        if self.queue is not None:
+            if hit_pages:
+                self.queue.hit(j, hit_pages)
+                self.computed[j] = hit_pages * self.page_size
+                self.recomputed[j] -= self.computed[j]
+            self.queue.pop(need - hit_pages)
         self.free -= need
         self.held[j] += need
         return True
 
     def release(self, j: int) -> None:
-        """Free every page of request ``j``."""
+        """Free every page of request ``j`` (a finished request)."""
+        if self.queue is not None:
+            self.queue.free(self.held[j])
         self.free += self.held[j]
         self.held[j] = 0
 
     def evict(self, j: int) -> None:
         """Preempt (or retract) ``j`` by recompute: its cache is dropped, its generated tokens kept
-        (its next prefill recomputes prompt + generated). The caller moves it between the queues."""
+        (its next prefill recomputes prompt + generated; with vLLM v1's prefix cache, only what the
+        pool evicted meanwhile). The caller moves it between the queues."""
         self.preemptions[j] += 1
         self.recomputed[j] += self.computed[j]
+        if self.queue is not None:
+            self.queue.free_preempted(j, self.held[j], self.computed[j] // self.page_size)
+            self.free += self.held[j]
+            self.held[j] = 0
+        else:
+            self.release(j)
         self.computed[j] = 0
-        self.release(j)
 
     @property
     def used_pages(self) -> int:

@@ -21,15 +21,18 @@ One ``schedule()`` call (:func:`schedule`), top to bottom:
    prompt; prompt + generated after a preemption: recompute), clipped to the threshold and the
    budget (chunked prefill); if its blocks do not fit, the walk stops (head of line).
 
-Prefill chunks and decodes share one step (a mixed step). Left out: prefix caching (automatic prefix
-caching is on in the real engine; without block hashes in the trace no prompt hits, but a preempted
-request does hit its own freed blocks there), speculative decoding, async scheduling, priorities.
+Prefill chunks and decodes share one step (a mixed step). Automatic prefix caching is on, as in the
+engine (``enable_prefix_caching``): without block hashes in the trace no two prompts share blocks,
+but a preempted request hits its own freed blocks while the pool has not reused them
+(:mod:`kvdro.sim.engines.free_queue`), and recomputes only the rest. Left out: speculative
+decoding, async scheduling, priorities, sharing across requests (needs the trace's block hashes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvdro.sim.engines.free_queue import FreeBlockQueue
 from kvdro.sim.engines.knobs import non_negative_int, positive_int
 from kvdro.sim.engines.state import EngineState, Step
 
@@ -44,13 +47,16 @@ class Config:
     """vLLM v1's knobs (``SchedulerConfig`` / ``CacheConfig`` names; defaults of an A100 OpenAI server).
 
     ``max_num_batched_tokens`` [tokens per step], ``max_num_seqs`` [running requests],
-    ``long_prefill_token_threshold`` [tokens; 0 = no per-request cap], ``block_size`` [tokens].
+    ``long_prefill_token_threshold`` [tokens; 0 = no per-request cap], ``block_size`` [tokens],
+    ``enable_prefix_caching`` (on, as in vLLM: a preempted request hits its own freed blocks while the
+    pool has not handed them out, :mod:`kvdro.sim.engines.free_queue`).
     """
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     long_prefill_token_threshold: int = 0
     block_size: int = 16
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         block = positive_int("block_size", self.block_size)
@@ -58,6 +64,8 @@ class Config:
                      why="the token budget must hold at least one block")
         positive_int("max_num_seqs", self.max_num_seqs)
         non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching: must be True or False, got {self.enable_prefix_caching!r}")
 
     @property
     def page_size(self) -> int:
@@ -66,13 +74,25 @@ class Config:
 
 def on_arrival(st: EngineState, cfg: Config, j: int) -> None:
     """``Scheduler.add_request``: a new request joins the tail of the waiting queue."""
+    if cfg.enable_prefix_caching and st.queue is None:
+        st.queue = FreeBlockQueue(st.pages)
     st.waiting.append(j)
 
 
-def allocate_slots(st: EngineState, j: int, num_new_tokens: int) -> bool:
-    """``KVCacheManager.allocate_slots`` (0.11.0): blocks for ``num_computed_tokens + num_new_tokens``
-    tokens, taken only if the pool's free blocks cover the new ones (no watermark); False = None."""
-    return st.allocate(j, st.computed[j] + num_new_tokens)
+def get_computed_blocks(st: EngineState, cfg: Config, j: int) -> int:
+    """``KVCacheManager.get_computed_blocks``: leading blocks of ``j`` still in the prefix cache
+    (full blocks, at most ``num_tokens - 1`` tokens: the last token is always computed)."""
+    if st.queue is None:
+        return 0
+    return min(st.queue.cached.get(j, 0), (st.num_tokens(j) - 1) // cfg.block_size)
+
+
+def allocate_slots(st: EngineState, j: int, num_new_tokens: int, num_new_computed_blocks: int = 0) -> bool:
+    """``KVCacheManager.allocate_slots`` (0.11.0): blocks for ``num_computed_tokens`` + the prefix-cache
+    hit + ``num_new_tokens`` tokens, taken only if the pool's free blocks (cached ones included)
+    cover them (no watermark); False = None."""
+    hit_tokens = num_new_computed_blocks * st.page_size
+    return st.allocate(j, st.computed[j] + hit_tokens + num_new_tokens, hit_pages=num_new_computed_blocks)
 
 
 def preempt(st: EngineState, j: int) -> None:
@@ -113,8 +133,9 @@ def schedule(st: EngineState, cfg: Config) -> Step:
     if not step.preempted:  # 2. WAITING requests (none in a step that preempted)
         while st.waiting and budget > 0 and len(st.running) < cfg.max_num_seqs:
             j = st.waiting[0]
-            n = _clip(cfg, st.num_tokens(j), budget)
-            if not allocate_slots(st, j, n):
+            hit = get_computed_blocks(st, cfg, j)
+            n = _clip(cfg, st.num_tokens(j) - hit * cfg.block_size, budget)
+            if not allocate_slots(st, j, n, hit):
                 break
             st.waiting.popleft()
             st.running.append(j)
