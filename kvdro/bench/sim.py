@@ -16,6 +16,11 @@ engine (:mod:`kvdro.sim.engine_fast`), measured as each one's speed ratio to the
    engine time of both fast engines and the exponent of a log-log fit of time against length.
 4. Compilation: the compiled engine's first call in a fresh process with an empty numba cache
    (compilation), with the cache (what every later process pays) and warm.
+5. Scale (issue 33; ``--scale``, or ``--scale-only`` for this part alone, several minutes and ~5 GB
+   at 10**7 requests): ``simulate`` with the compiled engine, one fresh process per size, on the
+   conversation trace tiled to 10**7 requests, a ServeGen R1 day at production rate and the
+   Mooncake traces: requests per CPU second, peak RSS, and the log-log exponents of time and memory
+   in the trace length (:mod:`kvdro.bench._sim_scale`).
 
 Timings are noisy on a shared machine: the verdicts use ratios measured in the same run, and parts
 2-4 time **CPU seconds** of this process (``time.process_time``), not wall time: with more runnable
@@ -169,6 +174,14 @@ def _exponent(n: list[int], t: list[float]) -> float:
     return float(np.polyfit(np.log(n), np.log(t), 1)[0])
 
 
+def _scale(requests: int | None) -> bool:
+    """Part 5 (:mod:`kvdro.bench._sim_scale`); True when time and memory are linear."""
+    from kvdro.bench import _sim_scale
+
+    print("\n5. Scale: simulate() with the compiled engine, one fresh process per size")
+    return _sim_scale.report(_sim_scale.SCALE_REQUESTS if requests is None else requests)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvdro.bench sim", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +189,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sweeps", action="store_true", help="also regenerate every cached sweep of chapter 7 under data/")
     parser.add_argument("--regimes", action="store_true", help="also regenerate the regime map (data/sim_regimes.csv)")
     parser.add_argument("--no-compile-time", action="store_true", help="skip part 4 (a fresh compilation, ~1 min)")
+    parser.add_argument("--scale", action="store_true", help="also part 5: 10**7 requests, an R1 day, Mooncake (minutes)")
+    parser.add_argument("--scale-only", action="store_true", help="part 5 alone")
+    parser.add_argument("--scale-requests", type=int, default=None, help="the tiled trace's length (default 10**7)")
     args = parser.parse_args(argv)
 
     from kvdro.datasets import load_trace
@@ -185,6 +201,10 @@ def main(argv: list[str]) -> int:
     if not HAVE_NUMBA:
         print("[FAIL] numba is not installed: engine='fast' is the pure-Python fast engine")
         return 1
+    if args.scale_requests is not None and args.scale_requests < 16:
+        parser.error(f"--scale-requests: need at least 16 requests, got {args.scale_requests}")
+    if args.scale_only:
+        return 0 if _scale(args.scale_requests) else 1
     trace = load_trace("azure-2023-conv")
     # load the compiled engine now: engine="fast" (engine_compiled.run_auto) is then the compiled
     # engine in every run below (a fresh process's first 50,000 requests go to the Python engine)
@@ -271,4 +291,6 @@ def main(argv: list[str]) -> int:
         for path in write_all(parts=PARTS if args.sweeps else ("regimes",)):
             print(f"wrote {path}")
         print(f"sweeps regenerated in {time.perf_counter() - start:,.0f} s (one process)")
+    if args.scale:
+        ok_linear &= _scale(args.scale_requests)
     return 0 if ok_speed and ok_same and ok_gain and ok_linear else 1

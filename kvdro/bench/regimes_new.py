@@ -1,0 +1,62 @@
+"""The regime map on long-context and reasoning workloads: ``python -m kvdro.bench regimes-new``.
+
+Runs :func:`kvdro.experiments.workload_regimes.regime_map` -- Mooncake conversation on Llama-3.1-70B,
+ServeGen R1 (the first hour at production rate) on R1-Distill-Llama-70B, Azure conversation on
+Llama-2-7B, each on A100-80GB and H100-80GB, every 8-GPU deployment of one configuration that fits
+the model with its window, ten loads fixed before the run -- under vLLM v0's policy, writes
+``data/regimes_workloads.csv`` (atomically) and prints the prompts refused by the window, the
+regimes per deployment and each (workload, GPU, deployment)'s memory-bound, stable operating point
+with vLLM's recompute share and the share of requests it preempts there. Quality bar (issue 33):
+the whole map in <= 5 minutes of wall time with ``--n-jobs 2`` here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+
+BUDGET_S = 300.0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvdro.bench regimes-new", description=__doc__.splitlines()[0])
+    parser.add_argument("--n-jobs", type=int, default=2, help="worker processes (capped at the CPUs; default 2)")
+    parser.add_argument("--no-write", action="store_true", help="do not write data/regimes_workloads.csv")
+    args = parser.parse_args(argv)
+    if args.n_jobs < 1:
+        parser.error(f"--n-jobs: must be >= 1, got {args.n_jobs}")
+
+    from kvdro.experiments import workload_regimes as wr
+
+    grid = wr.cells()
+    start = time.perf_counter()
+    frame = wr.regime_map(grid, n_jobs=args.n_jobs)
+    wall = time.perf_counter() - start
+    if not args.no_write:
+        print(f"wrote {wr.write_map(frame)}")
+    print(f"{len(grid)} cells in {wall:.0f} s wall with {min(args.n_jobs, __import__('os').cpu_count() or 1)} job(s)")
+
+    print("\nRequests refused by the window (vLLM ignores a longer prompt) and outputs capped at it, per trace:")
+    for w, part in frame.groupby("workload", sort=False):
+        r = part.iloc[0]
+        print(f"  {wr.WORKLOADS[w][2]}: {int(r['requests']):,} requests, {int(r['ignored']):,} ignored "
+              f"({r['ignored'] / r['requests']:.2%}), {int(r['truncated']):,} truncated")
+
+    print("\nRegimes by load (M memory-bound & stable, m memory-bound & saturated, c compute-saturated, "
+          "l light, . between):")
+    code = {"memory-bound": "M", "memory-bound, saturated": "m", "compute-saturated": "c", "light": "l", "between": "."}
+    for (w, g, d), part in frame.groupby(["workload", "gpu", "deployment"], sort=False):
+        marks = "".join(code[x] for x in part.sort_values("load")["regime"])
+        print(f"  {w:>14} {g:>10} {d:>12}  {marks}   loads {part['load'].min():g}-{part['load'].max():g}")
+
+    points = wr.operating_points(frame)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print("\nOperating points (exact = memory-bound and stable; otherwise the nearest stable cell where vLLM preempts):")
+        print(points.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    found = int(points["exact"].sum())
+    print(f"\n{found} of {len(points)} (workload, GPU, deployment) have a memory-bound, stable operating point")
+    ok = wall <= BUDGET_S
+    print(f"[{'PASS' if ok else 'FAIL'}] the whole map in <= {BUDGET_S:.0f} s wall ({wall:.0f} s)")
+    return 0 if ok else 1
