@@ -329,3 +329,9 @@ def test_kmax_outside_the_checked_range_is_refused():
     for kmax in (0, ec.KMAX + 1, 2.5, True):
         with pytest.raises(ValueError, match=r"^kmax: must be an integer in \[1, 65536\]"):
             ec.run_compiled(spec, inp, CLOCK, kmax=kmax)
+
+
+@pytest.mark.parametrize("hint", [["5", "6", "7", "8"], [True, False, True, True]])
+def test_a_length_hint_of_text_or_booleans_is_named(hint):
+    with pytest.raises(ValueError, match=r"^length_hint: must hold numbers \[tokens\]"):
+        simulate(_trace(4), policy="vllm", schedule="sof", length_hint=hint, rng=_rng())

@@ -368,6 +368,8 @@ def simulate(
         if length_hint is None:
             hint = X.astype(float)
         else:
+            if np.asarray(length_hint).dtype.kind not in "iuf":  # text ("5") and booleans refused, not converted
+                raise ValueError(f"length_hint: must hold numbers [tokens], got dtype {np.asarray(length_hint).dtype}")
             hint = np.asarray(length_hint, dtype=float).ravel()
             if hint.size != len(trace):
                 raise ValueError(f"length_hint: needs one length per trace row ({len(trace)}), got {hint.size}")
