@@ -289,7 +289,12 @@ def simulate(
         aging_s_per_token: the key's slope [s per token], >= 0 (0 is FCFS).
 
     Raises:
-        ValueError: naming the argument (or trace column and row) for bad input.
+        ValueError: naming the argument (or trace column and row) for bad input; a reservation
+            buffer larger than the context window is not an error: it is clipped to the window before
+            any integer cast and counted in ``SimResult.clipped_buffers``.
+        ClockLimitError: (a ValueError, :mod:`kvdro.sim.timing`) the trace does not drain on the
+            deployment within the simulator's clock; every implementation refuses the same runs
+            (:mod:`kvdro.sim.envelope`).
     """
     start = time.perf_counter()
     if not isinstance(rng, np.random.Generator):
