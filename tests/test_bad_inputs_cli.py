@@ -101,7 +101,7 @@ def sweeps(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.mark.parametrize("damage, words", [
-    (lambda b: b[: len(b) * 6 // 10], "rows, its manifest 660"),  # issue 36: exit 0 on the remnant
+    (lambda b: b[: len(b) * 6 // 10], "(cut short?)"),  # issue 36: exit 0 on the remnant
     (lambda b: b.replace(b",policy,", b",Policy,", 1), "missing ['policy']"),  # was an AttributeError
 ])
 def test_verdicts_refuse_a_damaged_sweep(sweeps, capsys, damage, words):
@@ -155,7 +155,7 @@ def test_a_regime_map_without_the_named_row_is_refused(regime_map):
     _, dep, load = regimes.NAMED_POINTS["memory"]
     f = pd.read_csv(regime_map)
     keep = ~((f["trace"] == "conversation") & (f["deployment"] == dep) & np.isclose(f["load"], load))
-    with pytest.raises(ValueError, match="sim_regimes.csv: refused, it has 87 rows, its manifest 88"):
+    with pytest.raises(ValueError, match=f"sim_regimes.csv: refused, it has {len(f) - 1} rows, its manifest {len(f)}"):
         write_csv_atomic(f[keep], regime_map, manifest=False, float_format="%.6g")
         regimes.OPERATING_POINTS
     write_manifest(regime_map)
