@@ -102,6 +102,8 @@ def test_bad_input():
         wr.deployments("r1", "tpu-v5")
     with pytest.raises(ValueError, match="n_jobs"):
         wr.regime_map([], n_jobs=0)
+    with pytest.raises(ValueError, match="grid"):
+        wr.regime_map([], n_jobs=1)
     with pytest.raises(FileNotFoundError, match="regimes-new"):
         wr.load_map("/nonexistent/regimes_workloads.csv")
 

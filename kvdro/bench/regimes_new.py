@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"--n-jobs: must be >= 1, got {args.n_jobs}")
 
     from kvdro.experiments import workload_regimes as wr
+    from kvdro.experiments.runner import available_cpus
 
     grid = wr.cells()
     start = time.perf_counter()
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> int:
     wall = time.perf_counter() - start
     if not args.no_write:
         print(f"wrote {wr.write_map(frame)}")
-    print(f"{len(grid)} cells in {wall:.0f} s wall with {min(args.n_jobs, __import__('os').cpu_count() or 1)} job(s)")
+    print(f"{len(grid)} cells in {wall:.0f} s wall with {min(args.n_jobs, len(grid), available_cpus())} job(s)")
 
     print("\nRequests refused by the window (vLLM ignores a longer prompt) and outputs capped at it, per trace:")
     for w, part in frame.groupby("workload", sort=False):

@@ -49,11 +49,15 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from kvdro.sim import regimes
+
+if TYPE_CHECKING:
+    from kvdro.sim import Deployment
 
 __all__ = ["WORKLOADS", "GPUS", "LOADS", "R1_DURATION_S", "CSV", "COMMAND", "workload_trace", "deployments",
            "cells", "regime_cell", "regime_map", "classify", "operating_points", "write_map", "load_map"]
@@ -98,7 +102,7 @@ def workload_trace(workload: str, r1_duration_s: float = R1_DURATION_S) -> pd.Da
     return trace[["arrival_s", "input_tokens", "output_tokens", "request_class"]].reset_index(drop=True)
 
 
-def deployments(workload: str, gpu: str) -> dict[str, object]:
+def deployments(workload: str, gpu: str) -> dict[str, Deployment]:
     """Label -> :class:`~kvdro.sim.Deployment`: 8 / TP groups of each PP = 1 configuration that fits
     ``workload``'s model on ``gpu`` with ``max_model_len`` = the model's window (module docstring)."""
     from kvdro.hardware import deployments_that_fit, gpu_by_name, model_by_name
@@ -120,15 +124,18 @@ def deployments(workload: str, gpu: str) -> dict[str, object]:
     return out
 
 
-def cells(workloads=tuple(WORKLOADS), gpus=GPUS, loads: dict[str, tuple[float, ...]] | None = None) -> list[dict]:
-    """The grid: one dict (workload, gpu, deployment, load) per cell, in a fixed order."""
+def cells(workloads: tuple[str, ...] = tuple(WORKLOADS), gpus: tuple[str, ...] = GPUS,
+          loads: dict[str, tuple[float, ...]] | None = None) -> list[dict]:
+    """The grid: one dict (workload, gpu, deployment, load) per cell, in a fixed order; ``loads``
+    (default :data:`LOADS`) are multipliers of each trace's own arrival rate."""
     loads = LOADS if loads is None else loads
     return [{"workload": w, "gpu": g, "deployment": d, "load": float(x)}
             for w in workloads for g in gpus for d in deployments(w, g) for x in loads[w]]
 
 
 def regime_cell(cell: dict, *, r1_duration_s: float = R1_DURATION_S, trace: pd.DataFrame | None = None) -> dict:
-    """Simulate one cell under vLLM's policy (routing seed 0) and measure it (module docstring).
+    """Simulate one cell under vLLM's policy (routing seed 0) and measure it (module docstring):
+    shares in [0, 1], times in seconds, rates in requests per second, backlogs in requests.
 
     ``trace`` overrides the workload's trace (tests use a small one)."""
     from kvdro.experiments.headroom import run_stats
@@ -168,14 +175,18 @@ def _warm_cell(cell: dict, r1_duration_s: float) -> dict:
 
 
 def regime_map(grid: list[dict] | None = None, *, n_jobs: int = 2, r1_duration_s: float = R1_DURATION_S) -> pd.DataFrame:
-    """Every cell of ``grid`` (default :func:`cells`) with joblib on ``min(n_jobs, CPUs)`` processes,
-    classified (:func:`classify`)."""
+    """Every cell of ``grid`` (default :func:`cells`) with joblib on ``min(n_jobs, cells, CPUs)``
+    processes (:func:`kvdro.experiments.runner.available_cpus`), classified (:func:`classify`)."""
     from joblib import Parallel, delayed
+
+    from kvdro.experiments.runner import available_cpus
 
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, (int, np.integer)) or n_jobs < 1:
         raise ValueError(f"n_jobs: must be a positive integer, got {n_jobs!r}")
     grid = cells() if grid is None else list(grid)
-    jobs = min(int(n_jobs), os.cpu_count() or 1)
+    if not grid:
+        raise ValueError("grid: no cell to run")
+    jobs = max(1, min(int(n_jobs), len(grid), available_cpus()))
     rows = Parallel(n_jobs=jobs)(delayed(_warm_cell)(c, r1_duration_s) for c in grid) if jobs > 1 \
         else [regime_cell(c, r1_duration_s=r1_duration_s) for c in grid]
     return classify(pd.DataFrame(rows))
