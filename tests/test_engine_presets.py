@@ -80,3 +80,23 @@ def test_bad_input_names_the_argument(kwargs, name, small):
     kw = {"policy": "vllm", **kwargs}
     with pytest.raises(ValueError, match=name):
         simulate(trace, deployment=dep, rng=np.random.default_rng(0), **kw)
+
+
+def test_cli_engine_and_max_new(tmp_path, capsys):
+    import json
+
+    from kvdro.__main__ import main
+
+    csv = tmp_path / "mine.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{10 + i:02d}.000,{100 + 7 * i},{20 + 5 * i}\n" for i in range(30)))
+    assert main(["simulate", "--trace", str(csv), "--policy", "vllm", "--engine", "trtllm-gne", "--max-new", "100",
+                 "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # outputs 20, 25, ..., 165: the 13 above 100 (20 + 5i > 100 for i >= 17) end at 100, capped
+    assert out["engine"] == "trtllm-gne" and out["max_new"] == 100 and out["capped"] == 13
+    assert out["completed"] == 17
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it
+        main(["simulate", "--trace", str(csv), "--policy", "vllm", "--max-new", "0", "--quiet"])
+    assert exc.value.code == 2
+    assert "--max-new" in capsys.readouterr().err

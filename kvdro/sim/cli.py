@@ -18,6 +18,12 @@ Buffers of a reservation policy are fitted on the trace itself (in sample). ``--
 exactly the metric keys (:data:`kvdro.sim.METRIC_KEYS`) as strict JSON (a non-finite number, e.g.
 ``cost_total`` at ``--rho 1e308``, is null and named on stderr); ``--breakdown`` adds ``cost_breakdown``.
 
+``--engine`` names the engine whose rules run (a preset of :mod:`kvdro.sim.engines`; default
+``vllm-v0``, today's), ``--implementation`` the code that runs ``vllm-v0``, and ``--max-new
+unset|true|policy|N`` what each request carries as ``max_new_tokens`` (:mod:`kvdro.sim.engine_choice`):
+a request longer than it ends there and is counted as capped. With another preset or a ``--max-new``,
+``--json`` adds ``capped``, ``engine``, ``implementation`` and ``max_new`` to the metric keys.
+
 ``--plan plan.json`` (:mod:`kvdro.sim.plan`) serves a plan of ``python -m kvdro solve --json`` on its
 instance's test half, or on ``--trace`` (a registry trace of the instance's families is split into
 its sub-classes by prompt length). It honours ``--trace``, ``--scale``, ``--engine``,
@@ -40,6 +46,8 @@ __all__ = ["add_parser", "run", "load_trace_arg"]
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register the ``simulate`` subcommand on an argparse sub-parser set."""
+    from kvdro.sim.engine_choice import IMPLEMENTATIONS
+    from kvdro.sim.engines import ENGINES
     from kvdro.sim.policies import ALL_POLICIES
 
     s = sub.add_parser("simulate", help="simulate a trace on vLLM-semantics engines (kvdro.sim, chapter 7)")
@@ -55,8 +63,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the routing draw (default 0)")
     s.add_argument("--scale", type=float, default=1.0, help="multiplier of the arrival rate (default 1)")
     s.add_argument("--max-model-len", type=int, default=None, help="context window in tokens (default 16384; Llama-2: 4096)")
-    s.add_argument("--engine", choices=("fast", "fast-python", "reference"), default="fast",
-                   help="simulation engine: fast (compiled event jumps), fast-python (the same in Python), reference (step by step)")
+    s.add_argument("--engine", choices=ENGINES + IMPLEMENTATIONS, default="vllm-v0",
+                   help="the engine's rules, a preset: vllm-v0 (default), vllm-v1, sglang, trtllm-gne, trtllm-maxutil, "
+                        "lightllm (kvdro.sim.engines); the old values fast, fast-python, reference mean vllm-v0 with "
+                        "that --implementation")
+    s.add_argument("--implementation", choices=IMPLEMENTATIONS, default=None,
+                   help="the code that runs vllm-v0: fast (compiled event jumps, default), fast-python, reference "
+                        "(step by step; the only one for the other presets)")
+    s.add_argument("--max-new", default="unset", type=_max_new_arg, metavar="unset|true|policy|N",
+                   help="each request's max_new_tokens: unset (window - prompt, default), true (its true length), "
+                        "policy (--policy's estimate eta_i), or a client cap N >= 1; a longer request ends there, "
+                        "counted as capped (not served)")
     s.add_argument("--reservation", choices=("soft", "hard"), default="soft",
                    help="reading of a reservation: soft = admission control (default), hard = a cap (preempt at the "
                         "reservation, re-admit with a doubled buffer); ignored for vllm")
@@ -67,6 +84,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--breakdown", action="store_true", help="with --json, add the cost breakdown")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     return s
+
+
+def _max_new_arg(text: str):
+    """``--max-new``: unset, true, policy, or an integer >= 1 (argparse names the flag otherwise)."""
+    if text in ("unset", "true", "policy"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be unset, true, policy or an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 [tokens], got {value}")
+    return value
 
 
 def load_trace_arg(trace: str):
@@ -122,21 +152,24 @@ def run(args: argparse.Namespace) -> int:
         settings = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         dep = default_deployment(trace, config=args.config or "TP4-PP1", groups=args.groups, **settings)
         result = simulate(trace, policy=args.policy, deployment=dep, rho=args.rho, rng=np.random.default_rng(args.seed),
-                          engine=args.engine, progress=not args.quiet, reservation=args.reservation,
-                          schedule=args.schedule)
+                          engine=args.engine, implementation=args.implementation, max_new=args.max_new,
+                          progress=not args.quiet, reservation=args.reservation, schedule=args.schedule)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvdro simulate: {exc}", file=sys.stderr)
         return 2
     if args.json:
         out = dict(result.metrics)
+        if result.engine != "vllm-v0" or result.max_new != "unset":  # which engine ran, what max_new carried
+            out.update(engine=result.engine, implementation=result.implementation, max_new=result.max_new)
         if args.breakdown:
             out["cost_breakdown"] = result.cost
         print(strict_json(out, prog="kvdro simulate", indent=2))
         return 0
     m = result.metrics
     print(f"{args.trace}: {len(trace):,} requests, policy {args.policy} ({args.reservation}, {args.schedule}), rho {args.rho:g}, "
-          f"{dep.describe()}, engine {args.engine}")
-    print(f"  completed {m['completed']:,} (truncated {m['truncated']:,}), rejected {m['rejected']:,}, ignored {m['ignored']:,}")
+          f"{dep.describe()}, engine {result.engine} ({result.implementation}), max_new {result.max_new}")
+    print(f"  completed {m['completed']:,} (truncated {m['truncated']:,}), rejected {m['rejected']:,}, ignored {m['ignored']:,}"
+          + (f", capped at max_new {m['capped']:,}" if "capped" in m else ""))
     print(f"  preemptions {m['preemptions']:,}, recomputed tokens {m['recomputed_tokens']:,}")
     print(f"  TTFT p50/p99 {m['ttft_p50_s']:.3f}/{m['ttft_p99_s']:.3f} s, TPOT p50 {m['tpot_p50_s'] * 1e3:.1f} ms, "
           f"e2e p50/p99 {m['e2e_p50_s']:.2f}/{m['e2e_p99_s']:.2f} s, SLO violations {m['slo_violation_rate']:.1%}")
