@@ -103,7 +103,7 @@ def test_engines_refuse_token_counts_outside_their_integers(engine):
     inp = EngineInput(arrival_ps=np.zeros(n, np.int64), prompt=np.array([10, 2**53 + 1, 10], np.int64),
                       output=np.full(n, 5, np.int64), reserve_blocks=np.zeros(n, np.int64),
                       prefix_key=np.full(n, -1, np.int64), shared_blocks=np.zeros(n, np.int64))
-    with pytest.raises(ValueError, match=r"prompt: token counts must be integers in \[1, 2\*\*53\]"):
+    with pytest.raises(ValueError, match=r"prompt: token counts must be integers in \[1, 2\*\*53\]; request 1 has 9007199254740993"):
         _run(engine, spec, inp)
 
 
@@ -335,3 +335,19 @@ def test_kmax_outside_the_checked_range_is_refused():
 def test_a_length_hint_of_text_or_booleans_is_named(hint):
     with pytest.raises(ValueError, match=r"^length_hint: must hold numbers \[tokens\]"):
         simulate(_trace(4), policy="vllm", schedule="sof", length_hint=hint, rng=_rng())
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (2, 2), (4, 2)])
+def test_the_drain_bound_assumptions_hold_for_the_book_configurations(tp, pp):
+    """drain_lower_bound_ps assumes the prefill floor S0(T) non-decreasing in the tokens T and the decode
+    step's batch term base(n) non-decreasing in n up to its rounding (1 ps); both hold on the paper's
+    four configurations (and were checked once on every model x GPU x (TP, PP) of kvdro.hardware,
+    108 clocks, T up to 40,000)."""
+    from kvdro.hardware import step_time
+
+    clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(tp, pp))
+    s0 = np.array([step_time(LLAMA2_70B, A100_80GB, clock.config, t, 0, 0, prefill_attention_tokens2=0)
+                   for t in range(1, 16_385)])
+    assert np.all(np.diff(s0) >= 0)
+    base = np.array([clock.decode_base_ps(n) for n in range(1, 513)])
+    assert np.all(np.diff(base) >= -1)

@@ -130,8 +130,12 @@ def check_envelope(spec: EngineSpec, inp: EngineInput, clock: StepClock) -> None
     n = len(inp)
     for name in ("prompt", "output"):
         v = np.asarray(getattr(inp, name))
-        if n and (v.dtype.kind not in "iu" or int(v.min()) < 1 or int(v.max()) > MAX_TOKENS):
-            raise ValueError(f"{name}: token counts must be integers in [1, 2**53], got {getattr(inp, name)!r}")
+        if n and v.dtype.kind not in "iu":
+            raise ValueError(f"{name}: token counts must be integers in [1, 2**53], got dtype {v.dtype}")
+        bad = np.flatnonzero((v < 1) | (v > MAX_TOKENS)) if n else []
+        if len(bad):
+            raise ValueError(f"{name}: token counts must be integers in [1, 2**53]; request {int(bad[0])} has "
+                             f"{int(v[bad[0]])}")
     if n and (int(np.min(inp.arrival_ps)) < 0 or int(np.max(inp.arrival_ps)) >= MAX_CLOCK_PS):
         raise ValueError(f"arrival_ps: arrivals must lie in [0, {MAX_CLOCK_PS}) ps")
     where = f"one {clock.config.name} engine of {clock.model.name} on {clock.gpu.name}"
