@@ -351,3 +351,11 @@ def test_the_drain_bound_assumptions_hold_for_the_book_configurations(tp, pp):
     assert np.all(np.diff(s0) >= 0)
     base = np.array([clock.decode_base_ps(n) for n in range(1, 513)])
     assert np.all(np.diff(base) >= -1)
+
+
+@pytest.mark.parametrize("column, value", [("output_tokens", "100"), ("output_tokens", True), ("input_tokens", "7")])
+def test_policy_buffers_refuses_text_or_boolean_token_columns(column, value):
+    """Before: a training trace whose outputs were text ("100") was fitted as numbers; booleans as 0/1 tokens."""
+    train = _trace(5).assign(**{column: value})
+    with pytest.raises(ValueError, match=rf"^train: column '{column}' must hold numbers \[tokens\]"):
+        policy_buffers("p90", train, rho=10.0)

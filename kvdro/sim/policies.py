@@ -92,6 +92,10 @@ def _check_train(train: pd.DataFrame) -> None:
             raise ValueError(f"train: missing column {col!r}")
     if len(train) == 0:
         raise ValueError("train: empty trace")
+    from kvdro.sim.simulate import _numeric_column  # simulate imports this module
+
+    for col in ("input_tokens", "output_tokens"):  # numbers, not text or booleans; each column once
+        _numeric_column(train, col, "train", "tokens")
     out = train["output_tokens"].to_numpy(dtype=float)
     if not np.all(np.isfinite(out)) or np.any(out < 0):
         raise ValueError("train: column 'output_tokens' must hold non-negative finite token counts")
