@@ -31,8 +31,10 @@ One event-loop iteration (:func:`schedule`):
    otherwise the ratio decays by one step, down to its floor. The ratio is reset to its initial value
    when the engine is idle.
 
-Left out: the radix cache (without prefix hashes nothing hits), overlap scheduling, the priority
-and cache-aware policies, speculative decoding.
+Left out: the radix cache (without prefix hashes no two prompts share tokens; a retracted request's
+prompt stays in the tree until evicted, where SGLang would hit it and we recompute it: retractions
+are rare in our runs), overlap scheduling, the priority and cache-aware policies, mixed chunks
+(``--enable-mixed-chunk``, off by default), speculative decoding.
 """
 
 from __future__ import annotations
