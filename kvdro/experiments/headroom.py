@@ -55,6 +55,7 @@ __all__ = [
     "WORKLOADS",
     "admission_gain_bound",
     "check_bound",
+    "gain_interval",
     "length_predictions",
     "scheduling",
     "scheduling_cell",
@@ -548,12 +549,38 @@ def seed_summary(seeds: pd.DataFrame, workload: str, deployment: str, load: floa
     return s.iloc[0]
 
 
+def gain_interval(row: pd.Series, arm: str, what: str = "goodput_gain") -> unc.Interval:
+    """A policy's change over vLLM in one cell of the map (a row of :func:`headroom`), with its paired
+    interval. The cached map keeps the ratio's point and ends, not its resamples, so a ratio whose
+    baseline comes near zero is recognised by its ends (:attr:`~kvdro.experiments.uncertainty.Interval.exploded`);
+    for the goodput gain its difference in req/s (the policy's goodput minus vLLM's, point only: the
+    map does not store the resampled difference) is then what :meth:`~kvdro.experiments.uncertainty.Interval.pct`
+    prints. ``arm``: oracle, exact, dro, best (the best soft buffer of the row) or soft<fraction>."""
+    cols = [f"{arm}_{what}{s}" for s in ("", "_lo", "_hi")]
+    missing = [c for c in cols if c not in row.index]
+    if missing:
+        raise ValueError(f"row: no column(s) {missing} (arm {arm!r}, what {what!r})")
+    iv = unc.Interval(*(float(row[c]) for c in cols))
+    if what != "goodput_gain" or not iv.exploded:
+        return iv
+    name = str(row["best_soft"]) if arm == "best" else arm
+    for c in ("goodput_rps", f"{name}_goodput_rps"):
+        if c not in row.index:
+            raise ValueError(f"row: no column {c!r}: a goodput gain near a zero baseline is reported in req/s")
+    diff = float(row[f"{name}_goodput_rps"]) - float(row["goodput_rps"])
+    return unc.Interval(iv.point, iv.lo, iv.hi, diff=diff, unit="req/s", base_near_zero=True)
+
+
 def seed_phrase(row: pd.Series) -> str:
     """A summary row of :func:`headroom_seeds` in words: ``+28.0% to +95.0% over 8 routing draws
-    (interval above zero in all; pooled +61.0% [+20.0, +150.0])``."""
+    (interval above zero in all; pooled +61.0% [+20.0, +150.0])``. A pooled interval whose ends show
+    a baseline near zero (:attr:`~kvdro.experiments.uncertainty.Interval.exploded`) is left out: the
+    study keeps no goodput in req/s to report the difference in."""
     n, pos = int(row["n_seeds"]), int(row["seeds_positive"])
     where = "in all" if pos == n else ("in none" if pos == 0 else f"in {pos} of {n}")
-    pooled = unc.Interval(float(row["gain"]), float(row["lo"]), float(row["hi"])).pct(1)
+    iv = unc.Interval(float(row["gain"]), float(row["lo"]), float(row["hi"]))
+    pooled = (f"{100 * iv.point:+.1f}%, no interval: vLLM's pooled goodput comes near zero in resamples" if iv.exploded
+              else iv.pct(1))
     return (f"{100 * row['gain_min']:+.1f}% to {100 * row['gain_max']:+.1f}% over {n} routing draws "
             f"(interval above zero {where}; pooled {pooled})")
 

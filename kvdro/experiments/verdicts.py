@@ -269,10 +269,13 @@ def _need(rows: pd.DataFrame, columns: Sequence[str]) -> None:
 
 def _good_gain(rows: pd.DataFrame, arm_col: str, a, b, *, blocks: slice | None = None) -> unc.Interval:
     """Goodput of arm ``a`` over arm ``b``'s, minus 1: requests served within their own deadline over
-    the same arrivals (sums of ``blk_good``), paired."""
+    the same arrivals (sums of ``blk_good``), paired; with the difference in requests
+    (:func:`kvdro.experiments.uncertainty.change`)."""
     _need(rows, ["blk_good"])
     u, run = arm_units(rows, [arm_col], [(a,), (b,)], ["blk_good"], blocks=blocks)
-    return unc.bootstrap(lambda s: s[:, 0, 0] / np.maximum(s[:, 1, 0], 1.0) - 1, u, run=run)
+    # where b's resampled count comes near zero the ratio's interval says nothing: unc.change carries
+    # the difference in requests (summed over the runs compared), which Interval.pct then prints
+    return unc.change(lambda s: s[:, 0, 0], lambda s: s[:, 1, 0], u, unit="requests within their deadline", run=run)
 
 
 def _attain_gain(rows: pd.DataFrame, arm_col: str, a, b) -> unc.Interval:
