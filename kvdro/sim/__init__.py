@@ -8,6 +8,11 @@ Public API::
 - :mod:`kvdro.sim.scheduler`        -- the vLLM v0.6 scheduling rules both engines implement, and the
                                       soft and hard readings of a reservation
 - :mod:`kvdro.sim.engine_reference` -- step-by-step engine;  :mod:`kvdro.sim.engine_fast` -- event jumping
+- :mod:`kvdro.sim.engines`          -- the engines people run as named presets (``simulate(engine=...)``):
+                                      vllm-v0 (the rules above), vllm-v1, sglang, trtllm-gne/-maxutil,
+                                      lightllm, each rule citing its source; :mod:`kvdro.sim.engine_presets`
+                                      runs them step by step; :mod:`kvdro.sim.engine_choice` -- the
+                                      engine/implementation keywords and each request's ``max_new``
 - :mod:`kvdro.sim.policies`         -- ``vllm``, the reservation buffers eta_i (max ... dro, lp1/lp2) and
                                       the oracles ``oracle`` / ``exact`` (true output lengths)
 - :mod:`kvdro.sim.deployment`       -- groups z, routing pi (seeded), rejection, prefix caching delta
