@@ -2,6 +2,8 @@
 GuaranteedNoEvictScheduler, MaxUtilizationScheduler). Expected steps are worked out by hand (comments)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from kvdro.sim.engine_presets import replay_steps
 from kvdro.sim.engines import make_config
@@ -61,3 +63,30 @@ def test_the_token_budget_bounds_a_step_and_long_prompts_wait():
 def test_bad_knobs_name_the_argument(options, name):
     with pytest.raises(ValueError, match=name):
         make_config("trtllm-maxutil" if "capacity" not in name else "trtllm-gne", options)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 30), hst.integers(1, 90), hst.integers(1, 60), hst.integers(0, 40)),
+                 min_size=1, max_size=12))
+def test_gne_never_preempts_and_the_running_reservations_always_fit(reqs):
+    # requests (arrival step, prompt, true length, max_new - true length >= 0) on a pool of 12 blocks of 16
+    # (192 tokens: any single request's prompt + max_new <= 90 + 100 fits). GUARANTEED_NO_EVICT admits a
+    # request only if its blocks to completion fit beside the running ones' remaining blocks, so at every
+    # step the running requests' full reservations ceil((prompt + max_new)/16) sum to <= 12.
+    reqs = sorted(reqs)
+    arrival = [a for a, _, _, _ in reqs]
+    prompt = [p for _, p, _, _ in reqs]
+    limit = [x for _, _, x, _ in reqs]
+    max_new = [x + extra for _, _, x, extra in reqs]
+    rows = _steps("trtllm-gne", prompt, limit, arrival, pages=12, max_new=max_new)
+    assert all(not r[2] for r in rows)
+    start, end = {}, {}
+    for k, sched, _, done in rows:
+        for j in sched:
+            start.setdefault(j, k)
+        for j in done:
+            end[j] = k
+    assert sorted(end) == list(range(len(reqs)))
+    for k in range(len(rows)):
+        running = [j for j in start if start[j] <= k <= end[j]]
+        assert sum(-(-(prompt[j] + max_new[j]) // 16) for j in running) <= 12
