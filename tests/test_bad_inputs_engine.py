@@ -250,6 +250,7 @@ def test_the_compiled_tables_are_sized_by_the_trace_not_the_budget():
     bound = prefill_tokens_bound(spec, inp)
     assert bound == int((inp.prompt + inp.output - 1).sum())  # 50 requests: all of them, far below 10**8
     assert ec._TABLES[clock][1].size == bound + 1
+    assert ec._TABLES[clock][0].size == len(inp) + 1  # base(n): no more sequences than requests run at once
     assert out.totals() == python.outputs[0].totals()
     np.testing.assert_array_equal(out.finish_ps, python.outputs[0].finish_ps)
 

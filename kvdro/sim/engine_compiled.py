@@ -22,7 +22,8 @@ the data structures, so that the loop compiles to machine code:
   duration, the moments of the residue sums) stays far inside int64. A shorter jump followed by an
   ordinary step is the same simulation (the ordinary step is the general one), which the tests
   check by running with ``kmax`` = 1, 2, 3, ...;
-* step durations come from tables: ``base(n)`` for n <= ``max_num_seqs`` and the prefill floor
+* step durations come from tables: ``base(n)`` for n <= ``max_num_seqs`` (and <= the engine's
+  requests) and the prefill floor
   ``S0(tokens)`` for every token count one prefill step of the run can hold -- the token budget,
   or fewer when the trace is short: the sum of the ``max_num_seqs`` longest prompts plus their
   recompute (:func:`kvdro.sim.envelope.prefill_tokens_bound`), so a budget of 10**8 tokens does not
@@ -179,7 +180,8 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
     check_envelope(spec, inp, clock)
     n = len(inp)
     out = EngineOutput.empty(n)
-    base, s0 = _tables(clock, spec.max_num_seqs, prefill_tokens_bound(spec, inp))
+    # tables sized by the trace: at most min(max_num_seqs, requests) run at once
+    base, s0 = _tables(clock, min(int(spec.max_num_seqs), max(n, 1)), prefill_tokens_bound(spec, inp))
     totals = np.zeros(8, np.int64)
     wide = np.zeros(9, np.int64)
     R = np.array(inp.reserve_blocks, dtype=np.int64, copy=True)  # grows when hard-capped
