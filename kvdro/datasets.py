@@ -762,6 +762,11 @@ def _fetch_source(src: Source, allowed: bool = False) -> Path:
             f"{src.name}: the registry has no sha256 for {src.filename}, so kvdro does not download it "
             f"unasked; {_opt_in_hint(src)} (the warning will print the file's sha256 to pin)."
         )
+    from kvdro.cachefile import ensure_writable
+
+    # a cache folder that cannot take the file is named as such, not blamed on the network
+    ensure_writable(cache / src.subfolder, f"KVDRO_CACHE_DIR ({cache})" if os.environ.get("KVDRO_CACHE_DIR")
+                    else f"the download cache {cache}", create=True)
     try:
         path = _download(src, cache)
     except ValueError as exc:  # pooch: downloaded file's hash does not match

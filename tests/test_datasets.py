@@ -409,3 +409,21 @@ def test_sha256_memo_serves_an_unchanged_file(tmp_path, monkeypatch):
     first = datasets.sha256_of(path)
     monkeypatch.setattr(datasets.hashlib, "sha256", lambda: pytest.fail("re-hashed an unchanged file"))
     assert datasets.sha256_of(path) == first
+
+
+def test_a_cache_folder_that_is_a_file_is_named_not_blamed_on_the_network(tmp_path, monkeypatch):
+    """Issue 36: with no local copy and KVDRO_CACHE_DIR pointing at a file, fetch names the folder
+    (before any download is tried) instead of reporting a network error."""
+    from kvdro.cachefile import FolderNotWritableError
+
+    not_a_folder = tmp_path / "cache-file"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("KVDRO_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("KVDRO_CACHE_DIR", str(not_a_folder))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("fetch tried to download")
+
+    monkeypatch.setattr(datasets, "_download", no_network)
+    with pytest.raises(FolderNotWritableError, match="KVDRO_CACHE_DIR"):
+        datasets.fetch("azure-2023-conv")
