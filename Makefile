@@ -20,7 +20,8 @@ export KVDRO_REQUIRE_BOOK := 1
 
 CHAPTERS := $(shell $(PYTHON) -c "import re,sys; print(' '.join(m + '.md' for m in re.findall(r'(?:root|file):\s*(\S+)', open('_toc.yml').read())))")
 
-.PHONY: book book-student pdf test test-unit test-kit test-nbval test-browser test-site lab bench clean install notebooks assignments
+.PHONY: book book-student pdf test test-unit test-kit test-nbval test-browser test-site lab bench clean install notebooks assignments \
+        conformance-install
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,7 +40,7 @@ install: $(WARM)
 
 # The course kit (chapter 12): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
 # autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
-ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py book/assignments/kit_guard.py $(shell find kvdro -name '*.py')
+ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py $(wildcard book/assignments/kit_*.py) $(shell find kvdro -name '*.py')
 _build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
 	$(BIN)/python book/assignments/build.py --out _build/assignments
 
@@ -53,24 +54,21 @@ book: $(WARM) _build/assignments/index.json | $(BOOK_AFTER)
 	$(BIN)/python book/assignments/publish.py --html _build/html --kit _build/assignments
 	@du -sh _build/html
 
-# For students: the same book with every exercise solution removed (sphinx-exercise's hide_solutions;
-# no _sources or download button; notebooks/ without solutions, Colab on gh-pages-student; the kvdro wheel),
-# built after `make book`, whose execution cache it reads (two builds executing into one cache at once
-# race on its folders). `make book` keeps the solutions.
+# For students: the same book without the instructor pages (the Teaching part of _toc.yml) and with every
+# exercise solution removed (sphinx-exercise's hide_solutions; no _sources or download button;
+# notebooks/ without solutions that install the kvdro wheel, Colab and Binder on gh-pages-student; the
+# wheel), built after `make book`, whose execution cache it reads (two builds executing into one cache at
+# once race on its folders). `make book` keeps the solutions. publish.py writes its config and toc.
 STUDENT_CONFIG := _build/student/_config.yml
+STUDENT_TOC := _build/student/_toc.yml
 book-student: book
-	mkdir -p _build/student
-	$(BIN)/python -c "import os, yaml; c = yaml.safe_load(open('_config.yml')); sx = c.setdefault('sphinx', {}); \
-	  sx.setdefault('config', {})['hide_solutions'] = True; sx['config']['html_copy_source'] = False; \
-	  c.setdefault('html', {})['use_download_button'] = False; \
-	  c.setdefault('launch_buttons', {})['notebooks_branch'] = 'gh-pages-student'; \
-	  sx['local_extensions'] = {k: os.path.abspath(v) for k, v in sx.get('local_extensions', {}).items()}; \
-	  c['execute']['cache'] = os.path.abspath('_build/.jupyter_cache'); \
-	  yaml.safe_dump(c, open('$(STUDENT_CONFIG)', 'w'), sort_keys=False)"
-	$(BIN)/jupyter-book build -n -W --keep-going --config $(STUDENT_CONFIG) --path-output _build/student .
+	$(BIN)/python book/assignments/publish.py --student-config _build/student
+	$(BIN)/jupyter-book build -n -W --keep-going --config $(STUDENT_CONFIG) --toc $(STUDENT_TOC) --path-output _build/student .
 	mv _build/student/_build/html _build/student/html.new && rm -rf _build/student/html _build/student/_build && mv _build/student/html.new _build/student/html
-	$(BIN)/python book/assignments/publish.py --student --config $(STUDENT_CONFIG) --html _build/student/html --kit _build/assignments
+	$(BIN)/python book/assignments/publish.py --student --config $(STUDENT_CONFIG) --toc $(STUDENT_TOC) --html _build/student/html --kit _build/assignments
 	! grep -rl '{solution}\|solution-start' _build/student/
+	! grep -rlF -e 'git", "clone"' -e '/v2/gh/kvdro/kvdro/main' -e 'colab.research.google.com/github/kvdro/kvdro/blob/main' _build/student/html
+	test ! -e _build/student/html/book/12_teaching.html && test ! -e _build/student/html/book/teaching
 	@du -sh _build/student/html
 
 # The whole book as one PDF: every page of the built book (make book) printed by headless Chromium with
@@ -127,6 +125,18 @@ lab: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m kvdro.bench all
+
+# vLLM's own v1 scheduler for `python -m kvdro.bench conformance` (issue 32), in its own venv .venv-vllm
+# (never .venv): vLLM 0.11.0, torch 2.13.0 (CPU) and the packages the scheduler imports, all pinned and
+# installed --no-deps (conformance-requirements.txt); ~2.5 GB. Not part of `make install` or `make test`.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: conformance-requirements.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r conformance-requirements.txt
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -c "import vllm.v1.core.sched.scheduler, vllm.model_executor.models.llama" > /dev/null
+	touch $@
+
+conformance-install: $(VLLM_VENV)/.installed
 
 clean:
 	rm -rf _build

@@ -1,0 +1,323 @@
+"""Benchmark: vLLM's own v1 scheduler against the ``vllm-v1`` preset, step by step: ``python -m kvdro.bench conformance``.
+
+The same few hundred requests of the Azure 2023 conversation trace are replayed, with scheduler steps in
+place of time, through
+
+* **vLLM's** ``vllm.v1.core.sched.scheduler.Scheduler`` (vLLM 0.11.0, plain Python, no GPU): the script
+  :mod:`kvdro.bench._vllm_replay` run by the separate environment ``.venv-vllm`` that
+  ``make conformance-install`` builds (pins in ``conformance-requirements.txt``), and
+* **ours**: :func:`kvdro.sim.engines.step_trace` with ``engine="vllm-v1"``,
+
+each giving one record per ``schedule()`` call, ``{"step", "scheduled": {id: tokens}, "preempted": [ids],
+"finished": [ids]}``. :func:`compare_steps` reports the share of identical steps, the first step that
+differs (both records) and each side's preemptions. The main comparison runs with automatic prefix
+caching off on both sides; a second one with it on (vLLM's default: a preempted request that is
+re-admitted hits its own freed blocks while the pool has not reused them).
+
+The trace (:func:`replay_requests`): the first ``--requests`` requests of ``azure-2023-conv`` whose prompt
+plus output fit ``--max-model-len``, arriving at step ``floor((arrival_s - first arrival_s) / step_s)``
+(``--step-ms`` per step), with a pool of ``--num-blocks`` blocks small enough that vLLM preempts.
+
+The result is cached in ``data/conformance_vllm_v1.csv`` (one row per prefix-caching setting, with its
+manifest; ``--write``) so that the book shows it without vLLM installed (:func:`load_cached`). Without
+``.venv-vllm`` the benchmark says how to make it and exits with 2. It is not part of ``make test``: the
+import of vLLM alone takes ~10-20 s here; the tests run :func:`compare_steps` on hand-made records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data"
+CACHE = DATA / "conformance_vllm_v1.csv"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+DRIVER = Path(__file__).with_name("_vllm_replay.py")
+REMAKE = "make conformance-install && python -m kvdro.bench conformance --write"
+RECORD_KEYS = ("step", "scheduled", "preempted", "finished")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The replay: trace cut, step length, and the engine knobs both sides get (vLLM's names).
+
+    ``requests`` [count], ``step_ms`` [ms of trace time per scheduler step], ``num_blocks`` (vLLM's
+    ``num_gpu_blocks``: block 0 is vLLM's null block), ``block_size`` [tokens], ``max_num_seqs``,
+    ``max_num_batched_tokens`` [tokens per step], ``max_model_len`` [tokens],
+    ``long_prefill_token_threshold`` [tokens; 0 = off]. Defaults: vLLM 0.11.0's for an A100
+    (``vllm/engine/arg_utils.py``: 2048 tokens per step, 256 sequences), a 4,096-token window and a
+    2,048-block pool (32,752 tokens) in which 300 conversation requests arriving 50 ms per step preempt.
+    """
+
+    requests: int = 300
+    step_ms: float = 50.0
+    num_blocks: int = 2048
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    long_prefill_token_threshold: int = 0
+
+    def engine(self, enable_prefix_caching: bool) -> dict:
+        """The ``engine`` object of :mod:`kvdro.bench._vllm_replay`'s input."""
+        return {"num_gpu_blocks": self.num_blocks, "block_size": self.block_size,
+                "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_model_len": self.max_model_len, "enable_prefix_caching": bool(enable_prefix_caching),
+                "long_prefill_token_threshold": self.long_prefill_token_threshold}
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    """:func:`compare_steps`' answer. Steps are compared by index; a step one side lacks differs.
+
+    ``share_identical`` = ``identical / compared`` (``compared`` = the longer side's step count);
+    ``first_divergence`` is the index of the first differing step (None if none), with both sides'
+    records there (None for a side that has no such step) and :func:`describe_difference`'s text.
+    """
+
+    steps_ours: int
+    steps_theirs: int
+    compared: int
+    identical: int
+    share_identical: float
+    first_divergence: int | None
+    ours_at_divergence: dict | None
+    theirs_at_divergence: dict | None
+    difference: str
+    preemptions_ours: int
+    preemptions_theirs: int
+    finished_ours: int
+    finished_theirs: int
+
+
+def check_records(records: Sequence[Mapping], name: str) -> list[dict]:
+    """``records`` as plain dicts, checked: keys ``step`` (0, 1, ... in order), ``scheduled`` (id -> int
+    >= 1), ``preempted`` and ``finished`` (lists of ids). ValueError names ``name[i].field``."""
+    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
+        raise ValueError(f"{name}: must be a list of step records, got {type(records).__name__}")
+    out = []
+    for i, r in enumerate(records):
+        if not isinstance(r, Mapping):
+            raise ValueError(f"{name}[{i}]: must be a dict, got {type(r).__name__}")
+        missing = [k for k in RECORD_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"{name}[{i}]: missing key(s) {missing}")
+        if isinstance(r["step"], bool) or r["step"] != i:
+            raise ValueError(f"{name}[{i}].step: steps must run 0, 1, 2, ... in order; got {r['step']!r}")
+        sched = r["scheduled"]
+        if not isinstance(sched, Mapping):
+            raise ValueError(f"{name}[{i}].scheduled: must map request ids to token counts")
+        for rid, n in sched.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{name}[{i}].scheduled[{rid!r}]: must be an integer >= 1, got {n!r}")
+        for key in ("preempted", "finished"):
+            if isinstance(r[key], (str, bytes, Mapping)) or not isinstance(r[key], Sequence):
+                raise ValueError(f"{name}[{i}].{key}: must be a list of request ids")
+        out.append({"step": i, "scheduled": {str(k): int(v) for k, v in sched.items()},
+                    "preempted": [str(x) for x in r["preempted"]], "finished": [str(x) for x in r["finished"]]})
+    return out
+
+
+def same_step(a: Mapping, b: Mapping) -> bool:
+    """Whether two checked records agree: the same tokens for the same requests, the same victims in
+    the same order (the order they go back to the waiting queue), the same requests finished (a set:
+    their order within a step carries nothing)."""
+    return (dict(a["scheduled"]) == dict(b["scheduled"]) and list(a["preempted"]) == list(b["preempted"])
+            and sorted(a["finished"]) == sorted(b["finished"]))
+
+
+def describe_difference(ours: Mapping | None, theirs: Mapping | None) -> str:
+    """What differs between two records of one step, in words (``""`` if nothing)."""
+    if ours is None or theirs is None:
+        return "only vLLM has this step" if ours is None else "only ours has this step"
+    parts = []
+    so, st = ours["scheduled"], theirs["scheduled"]
+    only_o = sorted(set(so) - set(st))
+    only_t = sorted(set(st) - set(so))
+    diff = sorted(k for k in set(so) & set(st) if so[k] != st[k])
+    if only_o:
+        parts.append("scheduled only by ours: " + ", ".join(f"{k} ({so[k]} tokens)" for k in only_o))
+    if only_t:
+        parts.append("scheduled only by vLLM: " + ", ".join(f"{k} ({st[k]} tokens)" for k in only_t))
+    if diff:
+        parts.append("token counts differ: " + ", ".join(f"{k} ours {so[k]} / vLLM {st[k]}" for k in diff))
+    if list(ours["preempted"]) != list(theirs["preempted"]):
+        parts.append(f"preempted: ours {list(ours['preempted'])} / vLLM {list(theirs['preempted'])}")
+    if sorted(ours["finished"]) != sorted(theirs["finished"]):
+        parts.append(f"finished: ours {sorted(ours['finished'])} / vLLM {sorted(theirs['finished'])}")
+    return "; ".join(parts)
+
+
+def compare_steps(ours: Sequence[Mapping], theirs: Sequence[Mapping]) -> StepComparison:
+    """Compare two step-by-step replays of one trace (``ours``: the preset, ``theirs``: vLLM).
+
+    Both are lists of records as :func:`check_records` describes (ValueError naming ``ours[i]`` or
+    ``theirs[i]`` otherwise). Step ``k`` of one side is compared with step ``k`` of the other
+    (:func:`same_step`); the longer replay's extra steps count as differing.
+    """
+    a = check_records(ours, "ours")
+    b = check_records(theirs, "theirs")
+    compared = max(len(a), len(b))
+    identical = sum(same_step(x, y) for x, y in zip(a, b))
+    first = next((k for k in range(compared)
+                  if k >= len(a) or k >= len(b) or not same_step(a[k], b[k])), None)
+    at_a = a[first] if first is not None and first < len(a) else None
+    at_b = b[first] if first is not None and first < len(b) else None
+    return StepComparison(
+        steps_ours=len(a), steps_theirs=len(b), compared=compared, identical=identical,
+        share_identical=identical / compared if compared else 1.0, first_divergence=first,
+        ours_at_divergence=at_a, theirs_at_divergence=at_b,
+        difference=describe_difference(at_a, at_b) if first is not None else "",
+        preemptions_ours=sum(len(r["preempted"]) for r in a), preemptions_theirs=sum(len(r["preempted"]) for r in b),
+        finished_ours=sum(len(r["finished"]) for r in a), finished_theirs=sum(len(r["finished"]) for r in b))
+
+
+def replay_requests(settings: Settings, trace: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The replayed requests: the first ``settings.requests`` rows of ``trace`` (default: the Azure 2023
+    conversation trace) whose ``input_tokens + output_tokens <= max_model_len``, with ``request_id`` =
+    the row's position in the trace and ``arrival_step = floor((arrival_s - first arrival_s) / step_s)``."""
+    if settings.requests < 1:
+        raise ValueError(f"requests: must be >= 1, got {settings.requests}")
+    if not (math.isfinite(settings.step_ms) and settings.step_ms > 0):
+        raise ValueError(f"step_ms: must be a positive number of milliseconds, got {settings.step_ms}")
+    if trace is None:
+        from kvdro.datasets import load_trace
+
+        trace = load_trace("azure-2023-conv")
+    trace = trace.reset_index(drop=True)
+    fits = trace[trace["input_tokens"] + trace["output_tokens"] <= settings.max_model_len].head(settings.requests)
+    if len(fits) < settings.requests:
+        raise ValueError(f"requests: only {len(fits)} requests of the trace fit max_model_len "
+                         f"{settings.max_model_len}, {settings.requests} asked")
+    first = float(fits["arrival_s"].iloc[0])
+    # 1e-9 of a step absorbs the round-off of the subtraction (10.05 s - 10.0 s is one 50 ms step, not 0.99999)
+    steps = np.floor((fits["arrival_s"].to_numpy(dtype=float) - first) * 1000.0 / settings.step_ms + 1e-9)
+    return pd.DataFrame({"request_id": [str(i) for i in fits.index], "arrival_step": steps.astype("int64"),
+                         "input_tokens": fits["input_tokens"].to_numpy(dtype="int64"),
+                         "output_tokens": fits["output_tokens"].to_numpy(dtype="int64")})
+
+
+def run_vllm(requests: pd.DataFrame, settings: Settings, *, enable_prefix_caching: bool,
+             python: Path = VLLM_PYTHON) -> dict:
+    """Replay ``requests`` through vLLM's own scheduler (:mod:`kvdro.bench._vllm_replay`, run by
+    ``python``); returns its JSON document (``records``, versions, import/build/replay seconds)."""
+    doc = {"requests": [{"request_id": str(r.request_id), "arrival_step": int(r.arrival_step),
+                         "input_tokens": int(r.input_tokens), "output_tokens": int(r.output_tokens)}
+                        for r in requests.itertuples(index=False)],
+           "engine": settings.engine(enable_prefix_caching)}
+    proc = subprocess.run([str(python), str(DRIVER)], input=json.dumps(doc), capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"vLLM replay failed (exit {proc.returncode}):\n" + proc.stderr[-3000:])
+    return json.loads(proc.stdout)
+
+
+def run_ours(requests: pd.DataFrame, settings: Settings, *, enable_prefix_caching: bool) -> list[dict]:
+    """Replay ``requests`` through the ``vllm-v1`` preset (:func:`kvdro.sim.engines.step_trace`)."""
+    from kvdro.sim.engines import step_trace
+
+    return step_trace(requests, engine="vllm-v1", num_blocks=settings.num_blocks, block_size=settings.block_size,
+                      max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
+                      max_model_len=settings.max_model_len,
+                      long_prefill_token_threshold=settings.long_prefill_token_threshold,
+                      enable_prefix_caching=enable_prefix_caching)
+
+
+def result_row(cmp: StepComparison, settings: Settings, vllm_doc: Mapping, *, enable_prefix_caching: bool,
+               ours_s: float) -> dict:
+    """One row of the cached table: the settings, both sides' counts, the first divergence (records as JSON)."""
+    row = {"enable_prefix_caching": bool(enable_prefix_caching), **asdict(settings)}
+    row.update({k: v for k, v in asdict(cmp).items() if k not in ("ours_at_divergence", "theirs_at_divergence")})
+    row["first_divergence"] = -1 if cmp.first_divergence is None else cmp.first_divergence
+    row["ours_record"] = json.dumps(cmp.ours_at_divergence, sort_keys=True)
+    row["vllm_record"] = json.dumps(cmp.theirs_at_divergence, sort_keys=True)
+    row.update({"vllm_version": vllm_doc["vllm_version"], "torch_version": vllm_doc["torch_version"],
+                "vllm_import_s": vllm_doc["import_s"], "vllm_build_s": vllm_doc["build_s"],
+                "vllm_replay_s": vllm_doc["replay_s"], "ours_replay_s": round(ours_s, 3)})
+    return row
+
+
+def load_cached(path: Path = CACHE) -> pd.DataFrame:
+    """The cached comparison (one row per prefix-caching setting), checked against its manifest."""
+    from kvdro.cachefile import read_csv_checked
+
+    return read_csv_checked(path, columns=("enable_prefix_caching", "share_identical", "first_divergence",
+                                           "preemptions_ours", "preemptions_theirs"),
+                            key=("enable_prefix_caching",), remake=REMAKE)
+
+
+def _print(cmp: StepComparison, label: str) -> None:
+    print(f"\n{label}: {cmp.identical} of {cmp.compared} steps identical ({cmp.share_identical:.1%}); "
+          f"steps ours {cmp.steps_ours}, vLLM {cmp.steps_theirs}; preemptions ours {cmp.preemptions_ours}, "
+          f"vLLM {cmp.preemptions_theirs}; finished ours {cmp.finished_ours}, vLLM {cmp.finished_theirs}")
+    if cmp.first_divergence is None:
+        print("  no step differs")
+        return
+    print(f"  first divergence at step {cmp.first_divergence}: {cmp.difference}")
+    print(f"  ours: {json.dumps(cmp.ours_at_divergence, sort_keys=True)}")
+    print(f"  vLLM: {json.dumps(cmp.theirs_at_divergence, sort_keys=True)}")
+
+
+def main(argv: list[str]) -> int:
+    d = Settings()
+    parser = argparse.ArgumentParser(prog="python -m kvdro.bench conformance", description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=d.requests, help=f"requests replayed (default {d.requests})")
+    parser.add_argument("--step-ms", type=float, default=d.step_ms, help=f"trace ms per step (default {d.step_ms:g})")
+    parser.add_argument("--num-blocks", type=int, default=d.num_blocks, help=f"KV blocks (default {d.num_blocks})")
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold)
+    parser.add_argument("--write", action="store_true", help=f"write {CACHE.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    for flag, value in (("--requests", args.requests), ("--num-blocks", args.num_blocks),
+                        ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
+                        ("--max-model-len", args.max_model_len)):
+        if value < 1:
+            parser.error(f"{flag}: must be >= 1, got {value}")
+    if not (math.isfinite(args.step_ms) and args.step_ms > 0):
+        parser.error(f"--step-ms: must be a positive number, got {args.step_ms}")
+    if args.long_prefill_token_threshold < 0:
+        parser.error(f"--long-prefill-token-threshold: must be >= 0 (0 = off), got {args.long_prefill_token_threshold}")
+    if not VLLM_PYTHON.exists():
+        print(f"vLLM's scheduler is not installed: {VLLM_PYTHON.parent.parent.name} is missing. "
+              "Run `make conformance-install` (vLLM 0.11.0 and a CPU torch in their own venv, ~2.5 GB), "
+              "then this benchmark again.", file=sys.stderr)
+        return 2
+    settings = Settings(requests=args.requests, step_ms=args.step_ms, num_blocks=args.num_blocks,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_model_len=args.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold)
+    requests = replay_requests(settings)
+    print(f"{len(requests)} requests of azure-2023-conv, arrivals over {int(requests['arrival_step'].max()) + 1} "
+          f"steps of {settings.step_ms:g} ms; {settings.num_blocks} blocks of {settings.block_size} tokens, "
+          f"budget {settings.max_num_batched_tokens} tokens, max_num_seqs {settings.max_num_seqs}")
+    rows = []
+    for caching in (False, True):
+        vllm_doc = run_vllm(requests, settings, enable_prefix_caching=caching)
+        start = time.perf_counter()
+        ours = run_ours(requests, settings, enable_prefix_caching=caching)
+        ours_s = time.perf_counter() - start
+        cmp = compare_steps(ours, vllm_doc["records"])
+        _print(cmp, f"prefix caching {'on' if caching else 'off'} (vLLM {vllm_doc['vllm_version']}: import "
+                    f"{vllm_doc['import_s']:.1f} s, scheduler {vllm_doc['build_s']:.1f} s, replay "
+                    f"{vllm_doc['replay_s']:.2f} s; ours {ours_s:.2f} s)")
+        rows.append(result_row(cmp, settings, vllm_doc, enable_prefix_caching=caching, ours_s=ours_s))
+    if args.write:
+        from kvdro.cachefile import ensure_writable, write_csv_atomic
+
+        ensure_writable(DATA, f"{DATA} (where this benchmark writes its table)")
+        path = write_csv_atomic(pd.DataFrame(rows), CACHE, key=("enable_prefix_caching",))
+        print(f"\nwrote {path.relative_to(ROOT)}")
+    return 0
