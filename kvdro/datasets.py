@@ -797,6 +797,11 @@ def _where(i: int) -> str:
     return f"data row {i} (line {i + 2} of the file)"
 
 
+#: The largest token count a trace may hold: 2**53, the largest integer range float64 holds exactly (the
+#: simulator's limit too, kvdro.sim.envelope.MAX_TOKENS); read as float, a larger count could wrap in int64.
+MAX_TOKEN_COUNT = 2**53
+
+
 def _token_column(df: pd.DataFrame, column: str, path: Path, minimum: int = 0) -> np.ndarray:
     """Column ``column`` as int64 after checking every value is an integer >= ``minimum``."""
     raw = df[column]
@@ -815,6 +820,11 @@ def _token_column(df: pd.DataFrame, column: str, path: Path, minimum: int = 0) -
         i = int(np.flatnonzero(low)[0])
         what = "a negative" if arr[i] < 0 else f"a token count below {minimum} ({'an empty prompt' if minimum == 1 else 'too small'}):"
         raise ValueError(f"{path}: column {column!r} has {what} {int(arr[i])} at {_where(i)}")
+    high = arr > MAX_TOKEN_COUNT
+    if high.any():  # above 2**53 a float no longer holds every integer, and the int64 cast could wrap
+        i = int(np.flatnonzero(high)[0])
+        raise ValueError(f"{path}: column {column!r} has {raw.iloc[i]!r} tokens at {_where(i)}, more than the "
+                         f"2**53 a token count may be")
     return arr.astype(np.int64)
 
 

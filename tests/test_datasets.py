@@ -427,3 +427,14 @@ def test_a_cache_folder_that_is_a_file_is_named_not_blamed_on_the_network(tmp_pa
     monkeypatch.setattr(datasets, "_download", no_network)
     with pytest.raises(FolderNotWritableError, match="KVDRO_CACHE_DIR"):
         datasets.fetch("azure-2023-conv")
+
+
+@pytest.mark.parametrize("count", ["99999999999999999999", "9223372036854775000"])
+def test_a_token_count_beyond_2_53_is_refused_naming_file_column_and_row(tmp_path, count):
+    """Issue 36: a GeneratedTokens that int64 cannot hold (or that float64 no longer holds exactly) was read
+    as -9223372036854775808; now the reader names the file, the column and the row."""
+    p = tmp_path / "trace.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n"
+                 f"2023-11-16 18:15:47.6805900,100,{count}\n")
+    with pytest.raises(ValueError, match=r"trace\.csv.*GeneratedTokens.*2\*\*53"):
+        datasets.read_azure_csv(p, "conversation")
