@@ -98,12 +98,29 @@ def test_cached_result_matches_its_manifest_and_is_consistent():
     if not cf.CACHE.exists():
         pytest.skip("no cached conformance result")
     df = cf.load_cached()
-    assert sorted(df["enable_prefix_caching"].tolist()) == [False, True]
+    assert set(df["variant"]) == set(cf.VARIANTS)
+    assert {(True, True), (False, False), (True, False)} == set(zip(df.vllm_prefix_caching, df.ours_prefix_caching))
     for row in df.itertuples():
         assert row.identical <= row.compared == max(row.steps_ours, row.steps_theirs)
         assert row.share_identical == pytest.approx(row.identical / row.compared, rel=1e-9)
         assert (row.first_divergence == -1) == (row.identical == row.compared)
         assert row.finished_theirs == row.requests  # vLLM finished every request
+
+
+def test_the_vllm_driver_refuses_bad_input_before_importing_vllm():
+    from kvdro.bench import _vllm_replay as vr
+
+    engine = cf.Settings().engine(False)
+    good = {"request_id": "a", "arrival_step": 0, "input_tokens": 10, "output_tokens": 5}
+    assert vr._check_input({"requests": [good], "engine": engine}) == ([good], engine)
+    with pytest.raises(ValueError, match="engine: missing keys"):
+        vr._check_input({"requests": [good], "engine": {"block_size": 16}})
+    with pytest.raises(ValueError, match=r"engine\.num_gpu_blocks"):
+        vr._check_input({"requests": [good], "engine": {**engine, "num_gpu_blocks": 0}})
+    with pytest.raises(ValueError, match=r"requests\[1\]\.request_id"):
+        vr._check_input({"requests": [good, good], "engine": engine})
+    with pytest.raises(ValueError, match=r"requests\[0\]: input_tokens \+ output_tokens"):
+        vr._check_input({"requests": [{**good, "input_tokens": 4095}], "engine": engine})
 
 
 @pytest.mark.parametrize("argv, flag", [(["--requests", "0"], "--requests"), (["--step-ms", "0"], "--step-ms"),

@@ -16,15 +16,16 @@ the sample of a partial prefill chunk. Requests run with ``ignore_eos=True`` and
 output length, so each finishes (``FINISHED_LENGTH_CAPPED``, ``vllm/v1/core/sched/utils.py`` ``check_stop``)
 when it has generated exactly ``output_tokens`` tokens.
 
-Input (JSON on stdin, or the file named by the first argument)::
+Input (JSON on stdin, or the file named by the first argument): one or more runs, each replayed by a
+new scheduler in the same process (vLLM is imported once)::
 
-    {"requests": [{"request_id": "0", "arrival_step": 0, "input_tokens": 374, "output_tokens": 44}, ...],
-     "engine": {"num_gpu_blocks": 600, "block_size": 16, "max_num_seqs": 64,
-                "max_num_batched_tokens": 2048, "max_model_len": 4096,
-                "enable_prefix_caching": false, "long_prefill_token_threshold": 0}}
+    {"runs": [{"requests": [{"request_id": "0", "arrival_step": 0, "input_tokens": 374, "output_tokens": 44}, ...],
+               "engine": {"num_gpu_blocks": 600, "block_size": 16, "max_num_seqs": 64,
+                          "max_num_batched_tokens": 2048, "max_model_len": 4096,
+                          "enable_prefix_caching": false, "long_prefill_token_threshold": 0}}, ...]}
 
-Output (JSON on stdout): ``{"vllm_version": ..., "torch_version": ..., "import_s": ..., "replay_s": ...,
-"records": [...]}`` with one record per ``Scheduler.schedule()`` call::
+Output (JSON on stdout): ``{"vllm_version": ..., "torch_version": ..., "import_s": ..., "runs": [{"build_s": ...,
+"replay_s": ..., "records": [...]}, ...]}`` (seconds) with, per run, one record per ``Scheduler.schedule()`` call::
 
     {"step": i, "scheduled": {request_id: num_scheduled_tokens}, "preempted": [...], "finished": [...]}
 
@@ -191,11 +192,13 @@ def replay(scheduler, requests: list[dict], engine: dict, max_steps: int | None 
 
 
 def main(argv: list[str]) -> int:
-    """Read the input document, replay it, print the result as one JSON document on stdout."""
+    """Read the input document, replay each run, print the result as one JSON document on stdout."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     doc = json.load(open(argv[0]) if argv else sys.stdin)
-    requests, engine = _check_input(doc)
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list) or not doc["runs"]:
+        raise ValueError("input: a JSON object with a non-empty list 'runs'")
+    runs = [_check_input(run) for run in doc["runs"]]
     stdout, sys.stdout = sys.stdout, sys.stderr  # vLLM's log handler writes to sys.stdout: keep stdout JSON only
     try:
         start = time.perf_counter()
@@ -203,16 +206,19 @@ def main(argv: list[str]) -> int:
         import vllm
 
         import_s = time.perf_counter() - start
-        start = time.perf_counter()
-        scheduler = build_scheduler(engine)
-        build_s = time.perf_counter() - start
-        start = time.perf_counter()
-        records = replay(scheduler, requests, engine)
-        replay_s = time.perf_counter() - start
+        results = []
+        for requests, engine in runs:
+            start = time.perf_counter()
+            scheduler = build_scheduler(engine)
+            build_s = time.perf_counter() - start
+            start = time.perf_counter()
+            records = replay(scheduler, requests, engine)
+            results.append({"build_s": round(build_s, 3), "replay_s": round(time.perf_counter() - start, 3),
+                            "records": records})
     finally:
         sys.stdout = stdout
     json.dump({"vllm_version": vllm.__version__, "torch_version": torch.__version__, "import_s": round(import_s, 3),
-               "build_s": round(build_s, 3), "replay_s": round(replay_s, 3), "records": records}, sys.stdout)
+               "runs": results}, sys.stdout)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Benchmark: vLLM's own v1 scheduler against the ``vllm-v1`` preset, step by step: ``python -m kvdro.bench conformance``.
+"""Benchmark: vLLM's own v1 scheduler against the ``vllm-v1`` preset, step by step (``kvdro.bench conformance``).
 
 The same few hundred requests of the Azure 2023 conversation trace are replayed, with scheduler steps in
 place of time, through
@@ -12,14 +12,17 @@ each giving one record per ``schedule()`` call, ``{"step", "scheduled": {id: tok
 "finished": [ids]}``. :func:`compare_steps` reports the share of identical steps, the first step that
 differs (both records) and each side's preemptions. The main comparison runs with automatic prefix
 caching off on both sides; a second one with it on (vLLM's default: a preempted request that is
-re-admitted hits its own freed blocks while the pool has not reused them).
+re-admitted hits its own freed blocks while the pool has not reused them); a third pairs vLLM with it on
+and ours with it off (what the preset would miss without it). The same is done for each of
+:data:`VARIANTS` (a smaller pool, a chunk cap, the sequence cap, a smaller budget, sparser arrivals,
+a shorter window) unless ``--base-only``; vLLM is imported once for all replays.
 
 The trace (:func:`replay_requests`): the first ``--requests`` requests of ``azure-2023-conv`` whose prompt
 plus output fit ``--max-model-len``, arriving at step ``floor((arrival_s - first arrival_s) / step_s)``
 (``--step-ms`` per step), with a pool of ``--num-blocks`` blocks small enough that vLLM preempts.
 
-The result is cached in ``data/conformance_vllm_v1.csv`` (one row per prefix-caching setting, with its
-manifest; ``--write``) so that the book shows it without vLLM installed (:func:`load_cached`). Without
+The result is cached in ``data/conformance_vllm_v1.csv`` (one row per variant and prefix-caching pair,
+with its manifest; ``--write``) so that the book shows it without vLLM installed (:func:`load_cached`). Without
 ``.venv-vllm`` the benchmark says how to make it and exits with 2. It is not part of ``make test``: the
 import of vLLM alone takes ~10-20 s here; the tests run :func:`compare_steps` on hand-made records.
 """
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -209,14 +212,33 @@ def replay_requests(settings: Settings, trace: pd.DataFrame | None = None) -> pd
                          "output_tokens": fits["output_tokens"].to_numpy(dtype="int64")})
 
 
-def run_vllm(requests: pd.DataFrame, settings: Settings, *, enable_prefix_caching: bool,
-             python: Path = VLLM_PYTHON) -> dict:
-    """Replay ``requests`` through vLLM's own scheduler (:mod:`kvdro.bench._vllm_replay`, run by
-    ``python``); returns its JSON document (``records``, versions, import/build/replay seconds)."""
-    doc = {"requests": [{"request_id": str(r.request_id), "arrival_step": int(r.arrival_step),
-                         "input_tokens": int(r.input_tokens), "output_tokens": int(r.output_tokens)}
-                        for r in requests.itertuples(index=False)],
-           "engine": settings.engine(enable_prefix_caching)}
+#: Variants of the base settings (each field replaced), each replayed with prefix caching off and on:
+#: a pool small enough that requests preempt one another often, a tiny one (150 requests), a per-request
+#: chunk cap, the sequence cap binding, a small token budget, sparser arrivals (10 ms per step) and a
+#: short window (prompt + output <= 2,048, where vLLM clips a step at ``max_model_len - 1``).
+VARIANTS: dict[str, dict] = {
+    "base": {},
+    "small pool": {"num_blocks": 600},
+    "tiny pool": {"num_blocks": 300, "requests": 150},
+    "chunk cap 256": {"long_prefill_token_threshold": 256},
+    "8 sequences": {"max_num_seqs": 8},
+    "budget 512": {"max_num_batched_tokens": 512, "num_blocks": 1024},
+    "10 ms steps": {"step_ms": 10.0, "num_blocks": 1024},
+    "window 2048": {"max_model_len": 2048, "num_blocks": 800, "max_num_batched_tokens": 1024},
+}
+
+
+def _requests_json(requests: pd.DataFrame) -> list[dict]:
+    return [{"request_id": str(r.request_id), "arrival_step": int(r.arrival_step),
+             "input_tokens": int(r.input_tokens), "output_tokens": int(r.output_tokens)}
+            for r in requests.itertuples(index=False)]
+
+
+def run_vllm(runs: Sequence[tuple[pd.DataFrame, Settings, bool]], *, python: Path = VLLM_PYTHON) -> dict:
+    """Replay each ``(requests, settings, enable_prefix_caching)`` through vLLM's own scheduler
+    (:mod:`kvdro.bench._vllm_replay` run by ``python``, vLLM imported once); returns its JSON document
+    (``runs[i]["records"]``, versions, import/build/replay seconds)."""
+    doc = {"runs": [{"requests": _requests_json(req), "engine": s.engine(caching)} for req, s, caching in runs]}
     proc = subprocess.run([str(python), str(DRIVER)], input=json.dumps(doc), capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"})
     if proc.returncode != 0:
@@ -235,37 +257,40 @@ def run_ours(requests: pd.DataFrame, settings: Settings, *, enable_prefix_cachin
                       enable_prefix_caching=enable_prefix_caching)
 
 
-def result_row(cmp: StepComparison, settings: Settings, vllm_doc: Mapping, *, enable_prefix_caching: bool,
-               ours_s: float) -> dict:
+def result_row(variant: str, cmp: StepComparison, settings: Settings, *, vllm_caching: bool, ours_caching: bool,
+               vllm_run: Mapping, ours_s: float) -> dict:
     """One row of the cached table: the settings, both sides' counts, the first divergence (records as JSON)."""
-    row = {"enable_prefix_caching": bool(enable_prefix_caching), **asdict(settings)}
+    row = {"variant": variant, "vllm_prefix_caching": bool(vllm_caching), "ours_prefix_caching": bool(ours_caching),
+           **asdict(settings)}
     row.update({k: v for k, v in asdict(cmp).items() if k not in ("ours_at_divergence", "theirs_at_divergence")})
     row["first_divergence"] = -1 if cmp.first_divergence is None else cmp.first_divergence
     row["ours_record"] = json.dumps(cmp.ours_at_divergence, sort_keys=True)
     row["vllm_record"] = json.dumps(cmp.theirs_at_divergence, sort_keys=True)
-    row.update({"vllm_version": vllm_doc["vllm_version"], "torch_version": vllm_doc["torch_version"],
-                "vllm_import_s": vllm_doc["import_s"], "vllm_build_s": vllm_doc["build_s"],
-                "vllm_replay_s": vllm_doc["replay_s"], "ours_replay_s": round(ours_s, 3)})
+    row.update({"vllm_replay_s": vllm_run["replay_s"], "ours_replay_s": round(ours_s, 3)})
     return row
 
 
+KEY = ("variant", "vllm_prefix_caching", "ours_prefix_caching")
+
+
 def load_cached(path: Path = CACHE) -> pd.DataFrame:
-    """The cached comparison (one row per prefix-caching setting), checked against its manifest."""
+    """The cached comparison (one row per variant and prefix-caching setting), checked against its manifest."""
     from kvdro.cachefile import read_csv_checked
 
-    return read_csv_checked(path, columns=("enable_prefix_caching", "share_identical", "first_divergence",
-                                           "preemptions_ours", "preemptions_theirs"),
-                            key=("enable_prefix_caching",), remake=REMAKE)
+    return read_csv_checked(path, columns=("share_identical", "first_divergence", "preemptions_ours",
+                                           "preemptions_theirs", "vllm_version"), key=KEY, remake=REMAKE)
 
 
 def _print(cmp: StepComparison, label: str) -> None:
-    print(f"\n{label}: {cmp.identical} of {cmp.compared} steps identical ({cmp.share_identical:.1%}); "
-          f"steps ours {cmp.steps_ours}, vLLM {cmp.steps_theirs}; preemptions ours {cmp.preemptions_ours}, "
-          f"vLLM {cmp.preemptions_theirs}; finished ours {cmp.finished_ours}, vLLM {cmp.finished_theirs}")
+    print(f"{label:<34} {cmp.identical:>6} / {cmp.compared:<6} {cmp.share_identical:>8.2%} "
+          f"{cmp.preemptions_ours:>6} {cmp.preemptions_theirs:>6} {cmp.finished_ours:>5} {cmp.finished_theirs:>5}  "
+          + ("-" if cmp.first_divergence is None else str(cmp.first_divergence)))
+
+
+def _print_divergence(cmp: StepComparison, label: str) -> None:
     if cmp.first_divergence is None:
-        print("  no step differs")
         return
-    print(f"  first divergence at step {cmp.first_divergence}: {cmp.difference}")
+    print(f"\n{label}: first divergence at step {cmp.first_divergence}: {cmp.difference}")
     print(f"  ours: {json.dumps(cmp.ours_at_divergence, sort_keys=True)}")
     print(f"  vLLM: {json.dumps(cmp.theirs_at_divergence, sort_keys=True)}")
 
@@ -280,10 +305,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
     parser.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold)
+    parser.add_argument("--base-only", action="store_true", help="replay the base settings only, not the variants")
     parser.add_argument("--write", action="store_true", help=f"write {CACHE.relative_to(ROOT)}")
     args = parser.parse_args(argv)
     for flag, value in (("--requests", args.requests), ("--num-blocks", args.num_blocks),
-                        ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
+                        ("--max-num-seqs", args.max_num_seqs),
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens),
                         ("--max-model-len", args.max_model_len)):
         if value < 1:
             parser.error(f"{flag}: must be >= 1, got {value}")
@@ -296,28 +323,51 @@ def main(argv: list[str]) -> int:
               "Run `make conformance-install` (vLLM 0.11.0 and a CPU torch in their own venv, ~2.5 GB), "
               "then this benchmark again.", file=sys.stderr)
         return 2
-    settings = Settings(requests=args.requests, step_ms=args.step_ms, num_blocks=args.num_blocks,
-                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        max_model_len=args.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold)
-    requests = replay_requests(settings)
-    print(f"{len(requests)} requests of azure-2023-conv, arrivals over {int(requests['arrival_step'].max()) + 1} "
-          f"steps of {settings.step_ms:g} ms; {settings.num_blocks} blocks of {settings.block_size} tokens, "
-          f"budget {settings.max_num_batched_tokens} tokens, max_num_seqs {settings.max_num_seqs}")
-    rows = []
-    for caching in (False, True):
-        vllm_doc = run_vllm(requests, settings, enable_prefix_caching=caching)
-        start = time.perf_counter()
-        ours = run_ours(requests, settings, enable_prefix_caching=caching)
-        ours_s = time.perf_counter() - start
-        cmp = compare_steps(ours, vllm_doc["records"])
-        _print(cmp, f"prefix caching {'on' if caching else 'off'} (vLLM {vllm_doc['vllm_version']}: import "
-                    f"{vllm_doc['import_s']:.1f} s, scheduler {vllm_doc['build_s']:.1f} s, replay "
-                    f"{vllm_doc['replay_s']:.2f} s; ours {ours_s:.2f} s)")
-        rows.append(result_row(cmp, settings, vllm_doc, enable_prefix_caching=caching, ours_s=ours_s))
+    base = Settings(requests=args.requests, step_ms=args.step_ms, num_blocks=args.num_blocks,
+                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                    max_model_len=args.max_model_len,
+                    long_prefill_token_threshold=args.long_prefill_token_threshold)
+    variants = {name: replace(base, **changes) for name, changes in VARIANTS.items()
+                if name == "base" or not args.base_only}
+    from kvdro.datasets import load_trace
+
+    full = load_trace("azure-2023-conv")
+    requests = {name: replay_requests(s, full) for name, s in variants.items()}
+    trace = requests["base"]
+    print(f"base: {len(trace)} requests of azure-2023-conv, arrivals over {int(trace['arrival_step'].max()) + 1} "
+          f"steps of {base.step_ms:g} ms; {base.num_blocks} blocks of {base.block_size} tokens, budget "
+          f"{base.max_num_batched_tokens} tokens, max_num_seqs {base.max_num_seqs}, max_model_len {base.max_model_len}")
+    jobs = [(name, caching) for name in variants for caching in (False, True)]
+    start = time.perf_counter()
+    doc = run_vllm([(requests[name], variants[name], caching) for name, caching in jobs])
+    vllm_s = time.perf_counter() - start
+    replay_s = sum(r["replay_s"] for r in doc["runs"])
+    print(f"vLLM {doc['vllm_version']} (torch {doc['torch_version']}): {vllm_s:.1f} s in all, import "
+          f"{doc['import_s']:.1f} s, {len(jobs)} replays {replay_s:.1f} s\n")
+    print(f"{'variant, prefix caching vLLM/ours':<34} {'identical steps':>15} {'share':>8} "
+          f"{'pre ours':>6} {'vLLM':>6} {'fin':>5} {'vLLM':>5}  first divergence")
+    rows, divergences = [], []
+    for (name, caching), run in zip(jobs, doc["runs"]):
+        pairs = [caching]
+        if name == "base" and caching:
+            pairs.append(False)  # vLLM with its default (prefix caching on) against ours without it
+        for ours_caching in pairs:
+            start = time.perf_counter()
+            ours = run_ours(requests[name], variants[name], enable_prefix_caching=ours_caching)
+            ours_s = time.perf_counter() - start
+            cmp = compare_steps(ours, run["records"])
+            label = f"{name}, {'on' if caching else 'off'}/{'on' if ours_caching else 'off'}"
+            _print(cmp, label)
+            divergences.append((cmp, label))
+            rows.append(result_row(name, cmp, variants[name], vllm_caching=caching, ours_caching=ours_caching,
+                                   vllm_run=run, ours_s=ours_s))
+    for cmp, label in divergences:
+        _print_divergence(cmp, label)
     if args.write:
         from kvdro.cachefile import ensure_writable, write_csv_atomic
 
         ensure_writable(DATA, f"{DATA} (where this benchmark writes its table)")
-        path = write_csv_atomic(pd.DataFrame(rows), CACHE, key=("enable_prefix_caching",))
+        frame = pd.DataFrame(rows).assign(vllm_version=doc["vllm_version"], torch_version=doc["torch_version"])
+        path = write_csv_atomic(frame, CACHE, key=KEY)
         print(f"\nwrote {path.relative_to(ROOT)}")
     return 0
