@@ -100,3 +100,24 @@ def test_cli_engine_and_max_new(tmp_path, capsys):
         main(["simulate", "--trace", str(csv), "--policy", "vllm", "--max-new", "0", "--quiet"])
     assert exc.value.code == 2
     assert "--max-new" in capsys.readouterr().err
+
+
+def test_request_max_new_modes():
+    from kvdro.sim.engine_choice import request_max_new
+
+    room = np.array([100, 100, 5])
+    true = np.array([0, 40, 30])
+    assert request_max_new("unset", room=room, true_output=true, eta=None).tolist() == [100, 100, 5]
+    assert request_max_new("true", room=room, true_output=true, eta=None).tolist() == [1, 40, 5]  # 0 -> 1; window
+    assert request_max_new(60, room=room, true_output=true, eta=None).tolist() == [60, 60, 5]
+    # eta rounded up, at least 1, clipped to the window
+    assert request_max_new("policy", room=room, true_output=true, eta=np.array([0.2, 0.0, 1e300])).tolist() == [1, 1, 5]
+
+
+def test_plan_refuses_max_new(tmp_path, capsys):
+    from kvdro.__main__ import main
+
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    assert main(["simulate", "--plan", str(plan), "--max-new", "10", "--quiet"]) == 2
+    assert "--max-new" in capsys.readouterr().err

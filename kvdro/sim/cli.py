@@ -137,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvdro simulate: --seed: must be a non-negative integer, got {args.seed}", file=sys.stderr)
         return 2
     if args.plan is not None:
+        if args.max_new != "unset" or args.implementation is not None:  # the plan path does not carry them
+            flag = "--max-new" if args.max_new != "unset" else "--implementation"
+            print(f"kvdro simulate: {flag}: not available with --plan", file=sys.stderr)
+            return 2
         return _run_plan(args)
     if args.rho is None:
         args.rho = 10.0
