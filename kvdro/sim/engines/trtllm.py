@@ -4,8 +4,9 @@ Source: TensorRT-LLM ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp``
 (``GuaranteedNoEvictScheduler``, ``MaxUtilizationScheduler``), ``kvCacheManager.cpp``
 (``getRemainingBlocksToCompletion``, ``getNeededBlocksOneStep``) and ``microBatchScheduler.cpp``,
 with the PyTorch backend's ``tensorrt_llm/_torch/pyexecutor/scheduler.py`` (which wraps the same
-two classes), read in the TensorRT-LLM 1.x sources (2025-2026; the search index's copy of
-``capacityScheduler.cpp``). Defaults of the LLM API (``llm_args.py``): policy GUARANTEED_NO_EVICT,
+two classes), read at TensorRT-LLM commit 02a10fed0dbf5db74c7da035be9c5fbef6d2df7a (1.x, 2025;
+``GuaranteedNoEvictScheduler::impl`` with ``NoEvictScheduledBlocksManager``: available = free blocks
+minus the in-progress requests' remaining blocks to completion). Defaults of the LLM API (``llm_args.py``): policy GUARANTEED_NO_EVICT,
 ``tokens_per_block`` 32, ``max_num_tokens`` 8192, ``max_batch_size`` 2048, chunked prefill off.
 
 Each step, in the order of the active-request list (arrival order):

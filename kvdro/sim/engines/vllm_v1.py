@@ -2,8 +2,11 @@
 
 Source: vLLM 0.11.0 (the first release without the v0 engine, October 2025), file
 ``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule`` and ``Scheduler._preempt_request``, and
-``vllm/v1/core/kv_cache_manager.py``, ``KVCacheManager.allocate_slots``; read at vLLM commit
-00024d314514900f361ad072af6931e403b7f589 (main, 2026), whose rules we use are those of 0.11.0.
+``vllm/v1/core/kv_cache_manager.py``, ``KVCacheManager.allocate_slots``; read at vLLM commits
+00024d314514900f361ad072af6931e403b7f589 and 003df2961dd8830c317a61f9745ccd557da9fa06 (main, 2026:
+later additions -- a watermark, ``full_sequence_must_fit`` -- are off or absent in 0.11.0). Checked
+step by step against vLLM 0.11.0's own ``Scheduler`` by ``python -m kvdro.bench conformance``
+(:func:`kvdro.sim.engines.step_trace`).
 Defaults: ``vllm/engine/arg_utils.py`` ``EngineArgs._set_default_args`` (an A100 serving the OpenAI
 API: ``max_num_batched_tokens`` 2048, ``max_num_seqs`` 256; chunked prefill always on in v1).
 
