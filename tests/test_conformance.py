@@ -98,13 +98,15 @@ def test_cached_result_matches_its_manifest_and_is_consistent():
     if not cf.CACHE.exists():
         pytest.skip("no cached conformance result")
     df = cf.load_cached()
-    assert set(df["variant"]) == set(cf.VARIANTS)
+    assert set(df["variant"]) == set(cf.VARIANTS) | {cf.CONTROL}
     assert {(True, True), (False, False), (True, False)} == set(zip(df.vllm_prefix_caching, df.ours_prefix_caching))
     for row in df.itertuples():
         assert row.identical <= row.compared == max(row.steps_ours, row.steps_theirs)
         assert row.share_identical == pytest.approx(row.identical / row.compared, rel=1e-9)
         assert (row.first_divergence == -1) == (row.identical == row.compared)
         assert row.finished_theirs == row.requests  # vLLM finished every request
+    control = df[df["variant"] == cf.CONTROL].iloc[0]
+    assert control.ours_num_blocks == control.num_blocks - 1
 
 
 def test_the_vllm_driver_refuses_bad_input_before_importing_vllm():

@@ -13,7 +13,8 @@ each giving one record per ``schedule()`` call, ``{"step", "scheduled": {id: tok
 differs (both records) and each side's preemptions. The main comparison runs with automatic prefix
 caching off on both sides; a second one with it on (vLLM's default: a preempted request that is
 re-admitted hits its own freed blocks while the pool has not reused them); a third pairs vLLM with it on
-and ours with it off (what the preset would miss without it). The same is done for each of
+and ours with it off (what the preset would miss without it); a negative control gives ours one block
+fewer than vLLM (a comparison that cannot tell that apart would prove nothing). The same is done for each of
 :data:`VARIANTS` (a smaller pool, a chunk cap, the sequence cap, a smaller budget, sparser arrivals,
 a shorter window) unless ``--base-only``; vLLM is imported once for all replays.
 
@@ -258,10 +259,10 @@ def run_ours(requests: pd.DataFrame, settings: Settings, *, enable_prefix_cachin
 
 
 def result_row(variant: str, cmp: StepComparison, settings: Settings, *, vllm_caching: bool, ours_caching: bool,
-               vllm_run: Mapping, ours_s: float) -> dict:
+               vllm_run: Mapping, ours_s: float, ours_num_blocks: int) -> dict:
     """One row of the cached table: the settings, both sides' counts, the first divergence (records as JSON)."""
     row = {"variant": variant, "vllm_prefix_caching": bool(vllm_caching), "ours_prefix_caching": bool(ours_caching),
-           **asdict(settings)}
+           **asdict(settings), "ours_num_blocks": int(ours_num_blocks)}
     row.update({k: v for k, v in asdict(cmp).items() if k not in ("ours_at_divergence", "theirs_at_divergence")})
     row["first_divergence"] = -1 if cmp.first_divergence is None else cmp.first_divergence
     row["ours_record"] = json.dumps(cmp.ours_at_divergence, sort_keys=True)
@@ -271,6 +272,8 @@ def result_row(variant: str, cmp: StepComparison, settings: Settings, *, vllm_ca
 
 
 KEY = ("variant", "vllm_prefix_caching", "ours_prefix_caching")
+#: The negative control's row: vLLM's base replay against ours given one block fewer (``ours_num_blocks``).
+CONTROL = "control: ours 1 block fewer"
 
 
 def load_cached(path: Path = CACHE) -> pd.DataFrame:
@@ -282,7 +285,7 @@ def load_cached(path: Path = CACHE) -> pd.DataFrame:
 
 
 def _print(cmp: StepComparison, label: str) -> None:
-    print(f"{label:<34} {cmp.identical:>6} / {cmp.compared:<6} {cmp.share_identical:>8.2%} "
+    print(f"{label:<38} {cmp.identical:>6} / {cmp.compared:<6} {cmp.share_identical:>8.2%} "
           f"{cmp.preemptions_ours:>6} {cmp.preemptions_theirs:>6} {cmp.finished_ours:>5} {cmp.finished_theirs:>5}  "
           + ("-" if cmp.first_divergence is None else str(cmp.first_divergence)))
 
@@ -344,23 +347,25 @@ def main(argv: list[str]) -> int:
     replay_s = sum(r["replay_s"] for r in doc["runs"])
     print(f"vLLM {doc['vllm_version']} (torch {doc['torch_version']}): {vllm_s:.1f} s in all, import "
           f"{doc['import_s']:.1f} s, {len(jobs)} replays {replay_s:.1f} s\n")
-    print(f"{'variant, prefix caching vLLM/ours':<34} {'identical steps':>15} {'share':>8} "
+    print(f"{'variant, prefix caching vLLM/ours':<38} {'identical steps':>15} {'share':>8} "
           f"{'pre ours':>6} {'vLLM':>6} {'fin':>5} {'vLLM':>5}  first divergence")
     rows, divergences = [], []
     for (name, caching), run in zip(jobs, doc["runs"]):
-        pairs = [caching]
+        pairs = [(name, caching, variants[name])]
         if name == "base" and caching:
-            pairs.append(False)  # vLLM with its default (prefix caching on) against ours without it
-        for ours_caching in pairs:
+            pairs.append((name, False, variants[name]))  # vLLM with its default (caching on), ours without it
+        if name == "base" and not caching:  # a control: ours one block short must be told apart
+            pairs.append((CONTROL, False, replace(variants[name], num_blocks=variants[name].num_blocks - 1)))
+        for label_name, ours_caching, ours_settings in pairs:
             start = time.perf_counter()
-            ours = run_ours(requests[name], variants[name], enable_prefix_caching=ours_caching)
+            ours = run_ours(requests[name], ours_settings, enable_prefix_caching=ours_caching)
             ours_s = time.perf_counter() - start
             cmp = compare_steps(ours, run["records"])
-            label = f"{name}, {'on' if caching else 'off'}/{'on' if ours_caching else 'off'}"
+            label = f"{label_name}, {'on' if caching else 'off'}/{'on' if ours_caching else 'off'}"
             _print(cmp, label)
             divergences.append((cmp, label))
-            rows.append(result_row(name, cmp, variants[name], vllm_caching=caching, ours_caching=ours_caching,
-                                   vllm_run=run, ours_s=ours_s))
+            rows.append(result_row(label_name, cmp, variants[name], vllm_caching=caching, ours_caching=ours_caching,
+                                   vllm_run=run, ours_s=ours_s, ours_num_blocks=ours_settings.num_blocks))
     for cmp, label in divergences:
         _print_divergence(cmp, label)
     if args.write:
