@@ -107,6 +107,9 @@ def test_cached_result_matches_its_manifest_and_is_consistent():
         assert row.finished_theirs == row.requests  # vLLM finished every request
     control = df[df["variant"] == cf.CONTROL].iloc[0]
     assert control.ours_num_blocks == control.num_blocks - 1
+    shown = cf.summary(df)
+    assert len(shown) == len(df) and shown["share"].str.endswith("%").all()
+    assert (shown["first divergence"] == "").tolist() == (df["first_divergence"] == -1).tolist()
 
 
 def test_the_vllm_driver_refuses_bad_input_before_importing_vllm():

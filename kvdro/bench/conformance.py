@@ -284,6 +284,23 @@ def load_cached(path: Path = CACHE) -> pd.DataFrame:
                                            "preemptions_theirs", "vllm_version"), key=KEY, remake=REMAKE)
 
 
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The cached table (:func:`load_cached`) as the book shows it: one row per comparison, with the
+    prefix-caching setting of each side, identical steps (count, share), preemptions on each side and
+    the first differing step (empty where none differs)."""
+    on_off = {True: "on", False: "off"}
+    return pd.DataFrame({
+        "variant": table["variant"],
+        "prefix caching (vLLM / ours)": [f"{on_off[bool(a)]} / {on_off[bool(b)]}"
+                                         for a, b in zip(table["vllm_prefix_caching"], table["ours_prefix_caching"])],
+        "identical steps": [f"{i:,} of {c:,}" for i, c in zip(table["identical"], table["compared"])],
+        "share": table["share_identical"].map("{:.1%}".format),
+        "preemptions (vLLM / ours)": [f"{t} / {o}"
+                                      for t, o in zip(table["preemptions_theirs"], table["preemptions_ours"])],
+        "first divergence": ["" if k < 0 else f"step {k}" for k in table["first_divergence"]],
+    })
+
+
 def _print(cmp: StepComparison, label: str) -> None:
     print(f"{label:<38} {cmp.identical:>6} / {cmp.compared:<6} {cmp.share_identical:>8.2%} "
           f"{cmp.preemptions_ours:>6} {cmp.preemptions_theirs:>6} {cmp.finished_ours:>5} {cmp.finished_theirs:>5}  "
