@@ -40,3 +40,18 @@ def test_a_prefill_step_is_followed_by_a_decode_step():
 def test_bad_knobs_name_the_argument(options, name):
     with pytest.raises(ValueError, match=name):
         make_config("lightllm", options)
+
+
+def test_soft_estimate_an_overrun_pauses_the_newest_to_the_front():
+    # max_new="policy-soft": the engine reserves against an estimate of 5 tokens, the requests generate 40.
+    # pool 60 slots; r1, r2 (prompt 10): pairs (11, 4 + 6) -> peak max(10 + 11, 2 x 10 + 22) = 42 < 60:
+    # both prefilled at step 0. Each decode adds a slot per request: before decode k they hold 10 + k - 1
+    # each, so the 2 slots fit while 42 - 2k >= 2, i.e. k <= 20. At step 21 none is free: _can_decode
+    # fails and the newest, r2 (21 tokens generated), is paused to the queue's front; r1 decodes alone.
+    # r2 back needs a = 10 + 21 + 1 = 32 beside r1's a = 33 (b = 6 each): 6 + 6 + 65 = 77 >= 60, so it
+    # waits until r1's 40th token (step 39), is recomputed at step 40 (31 tokens) and ends at step 58.
+    rows = replay_steps("lightllm", CFG, arrival=[0, 0], prompt=[10, 10], limit=[40, 40], max_new=[5, 5],
+                        pages=60, window=10_000)
+    assert rows[0][1] == {0: 10, 1: 10} and all(r[1] == {0: 1, 1: 1} for r in rows[1:21])
+    assert rows[21][1] == {0: 1} and rows[21][2] == [1]
+    assert rows[39][3] == [0] and rows[40][1] == {1: 31} and rows[58][3] == [1] and len(rows) == 59

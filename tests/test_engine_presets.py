@@ -121,3 +121,12 @@ def test_plan_refuses_max_new(tmp_path, capsys):
     plan.write_text("{}")
     assert main(["simulate", "--plan", str(plan), "--max-new", "10", "--quiet"]) == 2
     assert "--max-new" in capsys.readouterr().err
+
+
+def test_policy_soft_reserves_the_estimate_without_a_cap(small):
+    trace, dep = small
+    r = simulate(trace, policy="dro", deployment=dep, rng=np.random.default_rng(0), engine="sglang", max_new="policy-soft")
+    assert r.metrics["capped"] == 0 and r.metrics["completed"] == len(trace)
+    for engine in ("vllm-v1", "trtllm-gne"):
+        with pytest.raises(ValueError, match="max_new"):
+            simulate(trace, policy="dro", deployment=dep, rng=np.random.default_rng(0), engine=engine, max_new="policy-soft")

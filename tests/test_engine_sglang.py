@@ -84,3 +84,12 @@ def test_retract_decode_takes_the_fewest_generated_then_the_longest_prompt_to_th
 def test_bad_knobs_name_the_argument(options, name):
     with pytest.raises(ValueError, match=name):
         make_config("sglang", options)
+
+
+def test_soft_estimate_lets_a_request_run_past_its_max_new():
+    # max_new="policy-soft": estimate 5, true length 20: the request is not cut. Past its estimate it
+    # reserves nothing in the PrefillAdder (max(0, 5 - generated) = 0): r2 (prompt 10, estimate 5),
+    # arriving at step 10, needs 15 < 1000 - 19 and gets a prefill-only step 10, in which r1 does not
+    # decode; so r1 (token 1 at step 0, tokens 2-10 at steps 1-9) samples its 20th token at step 20.
+    rows, _ = _run([10, 10], [20, 3], [0, 10], pages=1000, max_new=[5, 5])
+    assert rows[10][1] == {1: 10} and rows[20][3] == [0]

@@ -70,10 +70,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--implementation", choices=IMPLEMENTATIONS, default=None,
                    help="the code that runs vllm-v0: fast (compiled event jumps, default), fast-python, reference "
                         "(step by step; the only one for the other presets)")
-    s.add_argument("--max-new", default="unset", type=_max_new_arg, metavar="unset|true|policy|N",
+    s.add_argument("--max-new", default="unset", type=_max_new_arg, metavar="unset|true|policy|policy-soft|N",
                    help="each request's max_new_tokens: unset (window - prompt, default), true (its true length), "
                         "policy (--policy's estimate eta_i), or a client cap N >= 1; a longer request ends there, "
-                        "counted as capped (not served)")
+                        "counted as capped (not served); policy-soft: the estimate reserved against, no cap "
+                        "(sglang, lightllm)")
     s.add_argument("--reservation", choices=("soft", "hard"), default="soft",
                    help="reading of a reservation: soft = admission control (default), hard = a cap (preempt at the "
                         "reservation, re-admit with a doubled buffer); ignored for vllm")
@@ -88,12 +89,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _max_new_arg(text: str):
     """``--max-new``: unset, true, policy, or an integer >= 1 (argparse names the flag otherwise)."""
-    if text in ("unset", "true", "policy"):
+    if text in ("unset", "true", "policy", "policy-soft"):
         return text
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be unset, true, policy or an integer >= 1, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be unset, true, policy, policy-soft or an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 [tokens], got {value}")
     return value

@@ -14,7 +14,13 @@ Before the presets, ``engine=`` took the implementation; ``engine="fast"`` (or `
 * a number N >= 1 -- a client's cap, the same for every request;
 * ``"policy"`` -- the reservation policy's per-class estimate eta_i (rounded up, at least 1): the
   paper's reservation as the ``max_new`` an engine reserves against;
-* ``"true"`` -- each request's true output length (the in-engine oracle).
+* ``"true"`` -- each request's true output length (the in-engine oracle);
+* ``"policy-soft"`` -- the policy's estimate as what the engine *reserves against*, while the
+  request still generates its true length (no cap): the soft reading of a reservation inside an
+  engine, an arm of its own, for the engines whose admission reads ``max_new`` and that can recover
+  when a request outgrows it: ``sglang`` (retraction; a request past its estimate counts no
+  remaining tokens) and ``lightllm`` (its decode-time pause). Not a setting the engines have: a
+  client's ``max_new_tokens`` is always a cap there.
 
 Each is clipped to the window (``max_model_len - L_in``: no engine generates past it). In every
 engine ``max_new`` is also the generation cap: a request whose true output is longer **ends at
@@ -40,7 +46,9 @@ __all__ = ["IMPLEMENTATIONS", "MAX_NEW_MODES", "resolve_engine", "check_max_new"
 #: The implementations of ``vllm-v0`` (the values ``engine=`` took before the presets).
 IMPLEMENTATIONS: tuple[str, ...] = ("fast", "fast-python", "reference")
 #: The named ``max_new`` settings (besides a number).
-MAX_NEW_MODES: tuple[str, ...] = ("unset", "true", "policy")
+MAX_NEW_MODES: tuple[str, ...] = ("unset", "true", "policy", "policy-soft")
+#: The presets that take ``max_new="policy-soft"`` (module docstring).
+SOFT_ENGINES: tuple[str, ...] = ("sglang", "lightllm")
 
 
 def resolve_engine(engine: str, implementation: str | None) -> tuple[str, str]:
@@ -84,7 +92,7 @@ def request_max_new(max_new: str | int, *, room: np.ndarray, true_output: np.nda
         m = room
     elif max_new == "true":
         m = np.maximum(np.asarray(true_output, dtype=np.int64), 1)
-    elif max_new == "policy":
+    elif max_new in ("policy", "policy-soft"):
         if eta is None or not np.all(np.isfinite(eta)):
             raise ValueError("max_new: 'policy' needs a reservation policy's estimate (policy max, mean, ..., dro, lp1, lp2 or exact)")
         m = np.maximum(np.ceil(np.minimum(np.asarray(eta, dtype=float), room)).astype(np.int64), 1)
@@ -99,15 +107,20 @@ def check_preset_arguments(engine: str, *, policy: str, max_new, reservation: st
     reservation readings and safety switch, its oracle look-ahead, the ``sof`` order, prefix caching;
     a reservation policy enters a preset only as its ``max_new`` estimate (``max_new="policy"``)."""
     if engine == DEFAULT_ENGINE:
+        if max_new == "policy-soft":
+            raise ValueError("max_new: 'policy-soft' is vllm-v0's own soft reservation: pass the policy with max_new='unset'")
         if max_new == "policy" and policy in ("vllm", "oracle"):
             raise ValueError(f"max_new: 'policy' needs a policy with an estimate, not {policy!r}")
         return
     if policy == "oracle":
         raise ValueError(f"policy: 'oracle' is vLLM v0's look-ahead; with engine={engine!r} use max_new='true'")
-    if policy != "vllm" and max_new != "policy":
+    if max_new == "policy-soft" and engine not in SOFT_ENGINES:
+        raise ValueError(f"max_new: 'policy-soft' is for {SOFT_ENGINES} (an engine that reads max_new and recovers "
+                         f"from an overrun), not {engine!r}")
+    if policy != "vllm" and max_new not in ("policy", "policy-soft"):
         raise ValueError(f"max_new: engine {engine!r} reserves through max_new; pass max_new='policy' to use "
                          f"policy {policy!r}'s estimate (or policy='vllm')")
-    if policy == "vllm" and max_new == "policy":
+    if policy == "vllm" and max_new in ("policy", "policy-soft"):
         raise ValueError("max_new: 'policy' needs a policy with an estimate (max, mean, ..., dro, lp1, lp2, exact), not 'vllm'")
     if reservation != "soft":
         raise ValueError(f"reservation: {reservation!r} is a reading of vLLM v0's reservation; engine {engine!r} caps at max_new")
@@ -144,7 +157,7 @@ def generation_limits(engine: str, cfg, max_new, *, L: np.ndarray, xi: np.ndarra
         m = room
     else:
         m = request_max_new(max_new, room=room, true_output=window_cap, eta=eta)
-    limit = np.minimum(window_cap, m)
-    capped = ~ignored & (m < window_cap)
+    limit = window_cap if max_new == "policy-soft" else np.minimum(window_cap, m)
+    capped = ~ignored & (limit < window_cap)
     truncated = ~ignored & ~capped & (xi > window_cap)
     return limit.astype(np.int64), m.astype(np.int64), ignored, truncated, capped

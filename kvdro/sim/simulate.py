@@ -252,7 +252,8 @@ def simulate(
             length); a request longer than its max_new ends there, outcome ``capped`` (not served;
             ``metrics["capped"]`` whenever a preset or a max_new is given) -- see
             :mod:`kvdro.sim.engine_choice`. With a preset other than ``vllm-v0``, a reservation
-            ``policy`` enters only through ``max_new="policy"``.
+            ``policy`` enters only through ``max_new="policy"`` (a cap) or ``"policy-soft"`` (the
+            estimate reserved against, no cap: ``sglang``, ``lightllm``).
         engine_options: the preset's knobs overriding its defaults (its module's ``Config``, e.g.
             ``{"max_num_batched_tokens": 8192}`` for ``vllm-v1``, ``{"schedule_conservativeness":
             0.5}`` for ``sglang``); ValueError names a bad one.

@@ -119,7 +119,8 @@ class PrefillAdder:
         self.rem_input_tokens = cfg.max_prefill_tokens
         self.rem_chunk_tokens = cfg.chunked_prefill_size
         clip = cfg.clip_max_new_tokens
-        self.rem_total_token_offset = sum(min(st.max_new[r] - st.generated[r], clip) * new_token_ratio
+        # max(0, .): only a request past its max_new (the "policy-soft" arm, kvdro.sim.engine_choice) has none left
+        self.rem_total_token_offset = sum(max(0, min(st.max_new[r] - st.generated[r], clip)) * new_token_ratio
                                           for r in st.running)
         self.cur_rem_token_offset = 0
         self.can_run: dict[int, int] = {}  # request -> extend tokens of this pass
