@@ -141,3 +141,16 @@ def test_bench_without_vllm_venv_names_the_install_target(tmp_path, monkeypatch,
     monkeypatch.setattr(cf, "VLLM_PYTHON", tmp_path / ".venv-vllm" / "bin" / "python")
     assert cf.main([]) == 2
     assert "make conformance-install" in capsys.readouterr().err
+
+
+def test_bench_all_skips_the_replay_without_its_install(monkeypatch, capsys):
+    """`python -m kvdro.bench all` skips the vLLM replay (saying so) when .venv-vllm is missing; the
+    replay alone still refuses with exit 2."""
+    import kvdro.bench.__main__ as dispatch
+    from kvdro.bench import conformance
+
+    monkeypatch.setattr(conformance, "VLLM_PYTHON", conformance.VLLM_PYTHON.parent / "no-such-python")
+    monkeypatch.setattr(dispatch, "available", lambda: ["conformance"])
+    assert dispatch.main(["all"]) == 0
+    assert "[SKIP] conformance" in capsys.readouterr().out
+    assert dispatch.main(["conformance"]) == 2

@@ -315,6 +315,13 @@ def _print_divergence(cmp: StepComparison, label: str) -> None:
     print(f"  vLLM: {json.dumps(cmp.theirs_at_divergence, sort_keys=True)}")
 
 
+def skip_reason() -> str | None:
+    """Why ``python -m kvdro.bench all`` skips this benchmark (vLLM is not installed), or None."""
+    if VLLM_PYTHON.exists():
+        return None
+    return f"{VLLM_PYTHON.parent.parent.name} is missing (`make conformance-install`); the cached result stays"
+
+
 def main(argv: list[str]) -> int:
     d = Settings()
     parser = argparse.ArgumentParser(prog="python -m kvdro.bench conformance", description=__doc__.splitlines()[0])
