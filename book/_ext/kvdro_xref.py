@@ -29,9 +29,12 @@ def _section_numbers(env, docname: str, cache: dict) -> dict[str, tuple[int, ...
         secnumbers = env.toc_secnumbers.get(docname, {})
         found: dict[str, tuple[int, ...]] = {}
         if secnumbers:
-            for section in env.get_doctree(docname).findall(nodes.section):
+            doctree = env.get_doctree(docname)
+            for section in doctree.findall(nodes.section):
                 ids = section.get("ids", [])
                 number = next((secnumbers["#" + i] for i in ids if "#" + i in secnumbers), None)
+                if number is None and section.parent is doctree:  # the page's title: Sphinx keys it ""
+                    number = secnumbers.get("")
                 if number:
                     found.update({i: number for i in ids})
             if "" in secnumbers:
