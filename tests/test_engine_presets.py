@@ -130,3 +130,14 @@ def test_policy_soft_reserves_the_estimate_without_a_cap(small):
     for engine in ("vllm-v1", "trtllm-gne"):
         with pytest.raises(ValueError, match="max_new"):
             simulate(trace, policy="dro", deployment=dep, rng=np.random.default_rng(0), engine=engine, max_new="policy-soft")
+
+
+def test_paired_interval_of_the_presets_bench():
+    from kvdro.bench.presets import paired_interval
+
+    ok = np.array([True, False, True, True])
+    assert paired_interval(ok, 2.0, ok, 2.0) == (0.0, 0.0, 0.0)  # an arm against itself
+    # the same requests served in half the time: +100 %; a resample's difference is (s - s/2) / 1.5 x 100
+    # with s of its 4 requests served (0-4), so the interval spans values around it
+    pct, lo, hi = paired_interval(ok, 1.0, ok, 2.0)
+    assert pct == pytest.approx(100.0) and 0 <= lo < pct < hi <= 400 / 3 + 1e-9
