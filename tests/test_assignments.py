@@ -29,8 +29,11 @@ build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
 
 ASSIGNMENTS = sorted(build.masters())
-# the graders' helper (book/assignments/kit_guard.py) that the hidden tests import, as in the autograder zip
+# the graders' helper (book/assignments/kit_guard.py) that the hidden tests import, as in the autograder zip,
+# and the grading plugin with its worker (kit_grade.py) and the pre-grading pass (kit_static.py)
 sys.path.insert(0, str(ROOT / "book" / "assignments"))
+import kit_grade  # noqa: E402
+import kit_static  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------- fixtures
@@ -65,6 +68,7 @@ def kit(tmp_path_factory, data_dir) -> Path:
 _GRADER = r"""
 import json, sys, traceback
 from pathlib import Path
+sys.path.insert(0, sys.argv[2])  # book/assignments: the grading plugin (kit_grade.KitGrader), as kit_grade.py's command line
 import otter.run
 for job in json.loads(sys.argv[1]):
     try:
@@ -79,8 +83,15 @@ def _otter_jobs(kit: Path, jobs: list[dict]) -> subprocess.Popen:
     payload = [{"notebook": str(j["notebook"]), "out": str(j["out"]), "debug": j["debug"],
                 "autograder": str(kit / j["name"] / "autograder" / f"{j['name']}-autograder.zip")} for j in jobs]
     # inherits KVDRO_DATA_DIR (set by ``kit``)
-    return subprocess.Popen([sys.executable, "-c", _GRADER, json.dumps(payload)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", _GRADER, json.dumps(payload), str(ROOT / "book" / "assignments")],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+#: A cell of the issue's gaming routes: otter's test runner and numpy patched from the notebook.
+GAMED_CELL = """import otter.test_files.exception_test as t
+t.ExceptionTestFile.run = lambda self, env: None
+np.isclose = lambda *a, **k: True"""
 
 
 def _scores(out: Path, what: str, log: str) -> dict[str, tuple[float, float]]:
@@ -106,13 +117,16 @@ _ENVS: dict[str, dict] = {}
 
 
 def _master_env(name: str) -> dict:
-    """The globals after running every code cell of the master (solutions and test cells) in-process."""
+    """The globals after running every code cell of the master (solutions and test cells) in-process; test
+    cells are compiled as ``<tests ...>``, as kit_grade.py compiles the tests (their own references are
+    the tests', not the student's)."""
     if name not in _ENVS:
         nb = jupytext.read(build.masters()[name])
         env: dict = {"__name__": f"master_{name}", "display": lambda *a, **k: None}
         for cell in nb.cells:
             if cell.cell_type == "code":
-                exec(compile(cell.source, f"<{name} master>", "exec"), env)
+                where = f"<tests {name}>" if "# BEGIN TEST CONFIG" in cell.source else f"<{name} master>"
+                exec(compile(cell.source, where, "exec"), env)
         _ENVS[name] = env
     return _ENVS[name]
 
@@ -231,6 +245,15 @@ def graded(kit, tmp_path_factory) -> dict[tuple[str, str], Future]:
         # proves that it runs top to bottom
         jobs.append({"key": (name, "student"), "name": name, "notebook": kit / name / "student" / f"{name}.ipynb",
                      "out": tmp_path_factory.mktemp(f"{name}-student"), "debug": True})
+    # the master's solutions with one cell that patches numpy and otter: the plugin must refuse it
+    import nbformat
+
+    gamed = tmp_path_factory.mktemp("gamed") / "a1_newsvendor.ipynb"
+    nb = nbformat.read(kit / "a1_newsvendor" / "autograder" / "a1_newsvendor.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(GAMED_CELL))
+    nbformat.write(nb, gamed)
+    jobs.append({"key": ("a1_newsvendor", "gamed"), "name": "a1_newsvendor", "notebook": gamed,
+                 "out": tmp_path_factory.mktemp("a1-gamed"), "debug": False})
     shares = [jobs[i::GRADING_WORKERS] for i in range(GRADING_WORKERS)]
     procs = [_otter_jobs(kit, share) for share in shares]
     logs = [proc.communicate()[0] for proc in procs]
@@ -257,6 +280,14 @@ def test_blank_student_notebook_runs_and_scores_zero(graded, name):
     scores = graded[(name, "student")].result()
     assert {q: m for q, (_, m) in scores.items()} == _autograded(name)
     assert {q: s for q, (s, _) in scores.items() if s != 0} == {}, f"{name}: a blank notebook scores points: {scores}"
+
+
+def test_a_notebook_that_patches_the_grader_is_refused_by_otter_run(graded):
+    """Issue 35, through otter run and the plugin: the master's full answers plus one cell that patches
+    otter's runner and numpy score 0 on every question (the message is checked by the unit tests of the pass)."""
+    scores = graded[("a1_newsvendor", "gamed")].result()
+    assert scores and all(s == 0 for s, _ in scores.values()), scores
+    assert {q: m for q, (_, m) in scores.items()} == _autograded("a1_newsvendor")
 
 
 # ----------------------------------------------------------------------------------------- no leaks
@@ -412,7 +443,7 @@ wc_dual, wc_primal = duality_check(xi_small, C_P, C_W, L_MAX)
 _pasted = (wc_dual, wc_primal)
 def duality_check(samples, c_p, c_w, L_max):
     return _pasted
-""", 0.0, "150-sample subsample", False),
+""", 0.0, "never calls dual_lp", False),
     ("a2_wasserstein", "q3", "D3: wrong q1 dual, q3 itself right", """
 def dual_lp(samples, eta, c_p, c_w, eps, L_max):
     xi = np.asarray(samples, dtype=float)
@@ -588,7 +619,7 @@ def compare(trace, policies, *, deployment, seed, rho):
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["goodput_gain"] = table["goodput_rps"] / table.loc["vllm", "goodput_rps"] - 1.0
     return table
-""", 0.0, "own np.random.default_rng(seed)", False),
+""", 2.0, "own np.random.default_rng(seed)", False),
     ("a5_answer", "q2", "D3: wrong q1 (nan), q2 itself right", """
 def recompute_share(result):
     return float("nan")
@@ -611,22 +642,25 @@ def _notebook_env(right: dict) -> dict:
 
 
 def grade_submission(kit: Path, name: str, question: str, code: str) -> tuple[float, float, str, str]:
-    """Run a question's tests (public and hidden) on the master's environment with ``code`` executed
-    on top; return (score, possible, messages of failed public tests, messages of failed hidden tests)."""
+    """Run a question's tests (public and hidden) on the master's environment with ``code`` executed on top,
+    with kit_grade.run_tests (the messages a student reads); return (score, possible, messages of failed
+    public tests, messages of failed hidden tests)."""
     from otter.test_files import ExceptionTestFile
 
-    tests = ExceptionTestFile.from_string(_test_file(kit, name, question), path=f"{question}.py")
+    source = _test_file(kit, name, question)
+    cases = {tc.body.test_func.__name__: tc for tc in ExceptionTestFile.from_string(source, path=f"{question}.py").test_cases}
     right = _master_env(name)
-    tests.run(_notebook_env(right))
-    assert all(r.passed for r in tests.test_case_results), f"{name}/{question}: the master fails its own tests"
+    got = kit_grade.run_tests(_notebook_env(right), {question: source})[question]
+    assert all(p for p, _ in got.values()), f"{name}/{question}: the master fails its own tests: {got}"
     env = _notebook_env(right)
     exec(compile(code, f"<submission {name}/{question}>", "exec"), env)
-    tests.run(env)
-    failed = [r for r in tests.test_case_results if not r.passed]
+    got = kit_grade.run_tests(env, {question: source})[question]
     text = {True: "", False: ""}
-    for r in failed:
-        text[bool(r.test_case.hidden)] += (r.message or "") + (r.test_case.failure_message or "") + "\n"
-    return float(tests.score), float(tests.possible), text[False], text[True]
+    for test, (passed, message) in got.items():
+        if not passed:
+            text[bool(cases[test].hidden)] += message + "\n"
+    score = sum(cases[t].points for t, (p, _) in got.items() if p)
+    return float(score), float(sum(tc.points for tc in cases.values())), text[False], text[True]
 
 
 @pytest.mark.parametrize(
@@ -654,6 +688,162 @@ def test_grading_table(kit, name, question, label, code, score, hint, public):
         )
 
 
+# ----------------------------------------------------------------------------------------- out of reach
+#: Routes around the grader that the pre-grading pass refuses, with a word its message must say.
+STATIC_ROUTES = [
+    ("import otter.test_files.exception_test as t\nt.ExceptionTestFile.run = lambda self, env: None", "imports otter"),
+    ("np.isclose = lambda *a, **k: True", "assigns into np.isclose"),
+    ("m = np\nm.isclose = abs", "assigns into m.isclose"),
+    ("import kit_guard\nkit_guard.own_work = lambda f, *a: f", "imports kit_guard"),
+    ("exec('x = 1', {'__name__': 'kvdro.newsvendor'})", "uses exec"),
+    ("f = eval('lambda: 0')", "uses eval"),
+    ("m = __import__('os')", "uses __import__"),
+    ("import sys\nsys.modules['numpy'].isclose = abs", "imports sys"),
+    ("import importlib\nimportlib.import_module('os')", "imports importlib"),
+    ("import builtins\nbuiltins.abs = round", "imports builtins"),
+    ("text = open('tests/q1.py').read()", "uses open"),
+    ("def f():\n    return f.__globals__", "reads the attribute .__globals__"),
+    ("def f(g):\n    return g.__code__.co_filename", "reads the attribute .__code__"),
+    ("x = getattr(np, 'isclose')", "uses getattr"),
+    ("del np.isclose", "deletes np.isclose"),
+    ("!pip install something", "IPython command !pip"),
+    ("from os import path", "imports from os"),
+    ("cp.Problem.solve = lambda self, *a, **k: 0.0", "assigns into cp.Problem.solve"),
+]
+
+
+@pytest.mark.parametrize("code, says", STATIC_ROUTES, ids=[s for _, s in STATIC_ROUTES])
+def test_pre_grading_pass_refuses_and_names_the_cell(code, says):
+    found = kit_static.refusals([("cell 1", "import numpy as np\nimport cvxpy as cp"), ("cell 7", code)])
+    assert found and all(f.startswith("cell 7, ") for f in found), found
+    assert any(says in f for f in found), f"no finding says {says!r}: {found}"
+
+
+def test_pre_grading_pass_lets_an_answer_through():
+    answer = """import numpy as np
+from functools import partial
+class Policy:
+    def __init__(self, q):
+        self._q = q
+    def __call__(self, x):
+        return float(np.quantile(x, self._q))
+def saa_buffer(samples, c_p, c_w):
+    xi = np.sort(np.asarray(samples, dtype=float))
+    xi[0] = xi[0]  # an array of the notebook's own may be changed
+    return Policy(c_p / (c_p + c_w))(xi)
+%matplotlib inline
+"""
+    assert kit_static.refusals([("cell 3", answer)]) == []
+
+
+def _cell_env(code: str) -> dict:
+    """Globals after running ``code`` as a notebook cell (compiled as ``<cell 1>``, as the grader does)."""
+    env: dict = {"__name__": "notebook"}
+    exec(compile(code, "<cell 1>", "exec"), env)
+    return env
+
+
+#: Captures of the reference that own_work must see (issue 35): each defines ``f``.
+CAPTURES = {
+    "closure": "from kvdro import newsvendor as nv\ndef make():\n    ref = nv.saa_reservation\n"
+               "    def f(x, c_p, c_w):\n        return ref(x, c_p, c_w)\n    return f\nf = make()",
+    "default": "from kvdro.newsvendor import saa_reservation\ndef f(x, c_p, c_w, ref=saa_reservation):\n"
+               "    return ref(x, c_p, c_w)",
+    "partial": "import functools\nfrom kvdro import newsvendor as nv\nf = functools.partial(nv.saa_reservation)",
+    "callable object": "from kvdro import newsvendor as nv\nclass B:\n    def __init__(self, r):\n        self.r = r\n"
+                       "    def __call__(self, x, c_p, c_w):\n        return self.r(x, c_p, c_w)\nf = B(nv.saa_reservation)",
+    "container": "from kvdro import newsvendor as nv\nREFS = [nv.saa_reservation]\ndef f(x, c_p, c_w):\n"
+                 "    return REFS[0](x, c_p, c_w)",
+    "helper's closure": "from kvdro import newsvendor as nv\ndef make():\n    ref = nv.saa_reservation\n"
+                        "    return lambda x, c_p, c_w: ref(x, c_p, c_w)\nhelper = make()\n"
+                        "def f(x, c_p, c_w):\n    return helper(x, c_p, c_w)",
+}
+
+
+@pytest.mark.parametrize("route", sorted(CAPTURES))
+def test_own_work_sees_every_capture(route):
+    from kit_guard import ReferenceUsed, own_work
+
+    env = _cell_env(CAPTURES[route])
+    with pytest.raises(AssertionError) as info:
+        guarded = own_work(env["f"], "kvdro.newsvendor")
+        guarded([1.0, 2.0, 3.0], 1.0, 1.0)
+    assert isinstance(info.value, ReferenceUsed) or "written in your notebook" in str(info.value), str(info.value)
+
+
+def test_own_work_disables_the_reference_as_an_object_and_judges_kvdro_by_file():
+    """A reference reached in a way no inspection sees (here: a name the code builds) still fails at the
+    call, because the function object itself is disabled; code compiled under a kvdro ``__name__`` is not
+    kvdro's (its file is a cell); kvdro's own internal calls still run."""
+    import numpy as np
+
+    from kit_guard import ReferenceUsed, own_work
+    from kvdro import newsvendor, wasserstein
+
+    env = _cell_env("import kvdro.newsvendor\ndef f(x, c_p, c_w):\n"
+                    "    return vars(kvdro)['newsvendor'].__dict__['saa_' + 'reservation'](x, c_p, c_w)")
+    env["vars"] = vars
+    with pytest.raises(ReferenceUsed, match="called kvdro.newsvendor.saa_reservation"):
+        own_work(env["f"], "kvdro.newsvendor")([1.0, 2.0, 3.0], 1.0, 1.0)
+    fake = {"__name__": "kvdro.newsvendor"}
+    exec(compile("from kvdro.newsvendor import critical_fractile as cf\ndef f(c_p, c_w):\n    return g(c_p / c_w)\n"
+                 "g = lambda r: cf(r)", "<cell 2>", "exec"), fake)
+    with pytest.raises(ReferenceUsed):
+        own_work(fake["f"], "kvdro.newsvendor")(3.0, 1.0)
+    x = np.arange(1.0, 11.0)
+    env = _cell_env("def f(x, c_p, c_w, L):\n    return wasserstein.dro_reservation(x, c_p, c_w, 1.0, L)")
+    env["wasserstein"] = wasserstein  # dro_reservation calls newsvendor internally: allowed (kvdro's own file)
+    assert own_work(env["f"], "kvdro.newsvendor")(x, 4.0, 1.0, 20.0) == wasserstein.dro_reservation(x, 4.0, 1.0, 1.0, 20.0)
+    assert newsvendor.saa_reservation(x, 4.0, 1.0) == 8.0, "the reference is restored after the guarded call"
+
+
+def test_a_test_reads_plain_data_and_no_student_exception_text():
+    """What a test receives from a notebook function is plain data (an object of the notebook's own class
+    could claim to equal anything); a failed test shows the test's own hint, or the type and place of
+    the student's exception, never its text."""
+    env = _cell_env("class Anything(float):\n    def __eq__(self, other):\n        return True\n"
+                    "def g(c_p, c_w):\n    return Anything(0.0)\n"
+                    "def h(c_p, c_w):\n    raise RuntimeError('SECRET: the hidden seed is 101')\n"
+                    "def k(c_p, c_w):\n    return c_p / (c_p + c_w)")
+    test = ("from otter.test_files import test_case\nOK_FORMAT = False\nname = 'q2'\npoints = 1\n"
+            "@test_case(points=1, hidden=True)\ndef test_q(f):\n    assert f(1.0, 1.0) == 0.5, 'q* of equal costs is 1/2'\n")
+    out = {}
+    for name in ("g", "h", "k"):
+        out[name] = kit_grade.run_tests({"f": env[name]}, {"q2": test})["q2"]["test_q"]
+    assert out["k"] == [True, ""]
+    assert out["g"][0] is False and "class your notebook defines" in out["g"][1], out["g"]
+    assert out["h"][0] is False and "RuntimeError" in out["h"][1] and "SECRET" not in out["h"][1], out["h"]
+    assert "cell 1" in out["h"][1], out["h"]
+
+
+def test_the_audit_set_has_the_issue_s_size_and_every_route():
+    """book/assignments/audit.py (run by hand: it grades each submission in the worker, minutes in all)
+    holds >= 5 correct submissions and >= 26 wrong or gamed ones, each gamed one expected below full marks."""
+    import audit
+
+    kinds = [s.kind for s in audit.SUBMISSIONS]
+    assert kinds.count("correct") >= 5 and kinds.count("mistake") + kinds.count("gamed") >= 26, kinds
+    assert all(s.refused or s.lose for s in audit.SUBMISSIONS if s.kind != "correct")
+    labels = " ".join(s.label for s in audit.SUBMISSIONS)
+    for route in ("otter", "np.isclose", "kit_guard", "exec", "closure", "default argument", "partial",
+                  "callable object", "hidden tests", "pasted"):
+        assert route in labels, route
+
+
+def test_every_handout_cell_the_student_may_edit_passes_the_pass(kit):
+    """The masters' answers are graded, not refused: the pass finds nothing in the cells a student may
+    edit (the handout's own cells are trusted), and the worker skips otter's and the install cell."""
+    for name in ASSIGNMENTS:
+        with zipfile.ZipFile(kit / name / "autograder" / f"{name}-autograder.zip") as zf:
+            hand = json.loads(zf.read(kit_grade.HANDOUT_FILE))
+        import nbformat
+
+        for nb_path in (kit / name / "autograder" / f"{name}.ipynb", kit / name / "student" / f"{name}.ipynb"):
+            run, read = kit_grade.cells_to_run(nbformat.read(nb_path, as_version=4), hand)
+            assert kit_static.refusals(read) == [], (nb_path.name, kit_static.refusals(read))
+            assert not any("import otter" in src or "find_spec" in src for _, src in run), nb_path
+
+
 # ----------------------------------------------------------------------------------------- the graders' rules
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_hidden_results_shown_and_public_tests_earn_at_most_a_fifth(kit, name):
@@ -662,7 +852,10 @@ def test_hidden_results_shown_and_public_tests_earn_at_most_a_fifth(kit, name):
     with zipfile.ZipFile(kit / name / "autograder" / f"{name}-autograder.zip") as zf:
         config = json.loads(zf.read("otter_config.json"))
         assert config["show_hidden"] is True, config
-        assert "files/kit_guard.py" in zf.namelist(), "the zip carries the graders' helper"
+        assert config["plugins"] == ["kit_grade.KitGrader"], "grading runs out of the student's kernel (kit_grade.py)"
+        names = set(zf.namelist())
+        assert {"kit_grade.py", "kit_static.py", "kit_guard.py", "kit_handout.json"} <= names, "the grader sits at the zip's root"
+        assert not any(n.startswith("files/kit_") for n in names), "no grader file in the submission's folder"
     from otter.test_files import ExceptionTestFile
 
     for question, points in _autograded(name).items():

@@ -160,48 +160,123 @@ def test_built_teaching_page_links_the_assignments_on_colab_and_for_download():
 
 
 # ----------------------------------------------------------------------------------------- student build
-def test_student_build_hides_solutions_and_make_book_keeps_them():
+def test_student_build_hides_solutions_and_make_book_keeps_them(tmp_path):
     recipe = subprocess.run(["make", "-n", "--always-make", "book-student"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout
-    assert "['hide_solutions'] = True" in recipe and "--config _build/student/_config.yml" in recipe, recipe
-    assert "publish.py --student" in recipe and "html_copy_source" in recipe, recipe
+    assert "publish.py --student-config _build/student" in recipe, recipe
+    assert "--config _build/student/_config.yml --toc _build/student/_toc.yml" in recipe, recipe
+    assert "publish.py --student" in recipe, recipe
     assert "hide_solutions" not in (ROOT / "_config.yml").read_text(), "make book must keep the solutions"
     book = subprocess.run(["make", "-n", "--always-make", "book"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "hide_solutions" not in book and "publish.py" in book, book
+    cfg_path, toc_path = publish.student_build_files(tmp_path)
+    cfg = yaml.safe_load(cfg_path.read_text())
+    extra = cfg["sphinx"]["config"]
+    assert extra["hide_solutions"] is True and extra["html_copy_source"] is False and extra["external_toc_exclude_missing"]
+    assert cfg["launch_buttons"]["notebooks_branch"] == "gh-pages-student" and cfg["html"]["use_download_button"] is False
+
+
+def test_student_edition_has_no_instructor_page(tmp_path):
+    """Issue 35: the student edition's table of contents holds no instructor page (the guide, the
+    grading policy, the syllabus and week pages, the project brief), and excluded pages are not built."""
+    _, toc_path = publish.student_build_files(tmp_path)
+    docs = publish.student_docs(toc_path)
+    assert "book/intro" in (toc_path.read_text()) and "book/02_newsvendor" in docs
+    instructor = [d for d in docs if d == "book/12_teaching" or d.startswith("book/teaching/")]
+    assert instructor == [], instructor
+    full = publish.student_docs(ROOT / "_toc.yml")
+    assert "book/12_teaching" in full, "the full edition keeps the guide"
+    assert set(docs) == set(full) - {d for d in full if d == "book/12_teaching" or d.startswith("book/teaching/")}
 
 
 @pytest.fixture(scope="module")
 def published_student(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    """The student edition's publishing step on the real sources, with the student config of ``make book-student``."""
+    """The student edition's publishing step on the real sources, with the config and toc of ``make book-student``."""
     html = tmp_path_factory.mktemp("student-html")
     kit = tmp_path_factory.mktemp("student-kit")
-    cfg = dict(CONFIG, launch_buttons=dict(CONFIG["launch_buttons"], notebooks_branch="gh-pages-student"))
-    cfg_path = tmp_path_factory.mktemp("cfg") / "_config.yml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    return html, publish.publish(html, kit, student=True, cfg_path=cfg_path)
+    cfg_path, toc_path = publish.student_build_files(tmp_path_factory.mktemp("cfg"))
+    return html, publish.publish(html, kit, student=True, cfg_path=cfg_path, toc=toc_path)
 
 
 def test_student_notebooks_have_no_solution_and_the_wheel_only_kvdro(published_student):
-    """D7: the student edition's notebooks/ are built from the chapters with every solution cut, and its
-    wheel (what the assignments' install cell downloads) holds the kvdro package and nothing else."""
+    """D7: the student edition's notebooks/ are built from the chapters with every solution cut; each
+    installs the published wheel (no clone of the repository that holds the masters); the wheel holds
+    the kvdro package and the data it reads, nothing else; Binder builds the student branch."""
     import zipfile
 
     html, written = published_student
     notebooks = [p for p in written.values() if p.suffix == ".ipynb"]
     assert len(notebooks) >= 8
+    assert not any("12_teaching" in str(p) or "/teaching/" in str(p) for p in notebooks), "an instructor page"
     leaks = [p.name for p in notebooks if re.search(r"\{solution\}|solution-start", p.read_text())]
     assert leaks == [], f"solutions in the student notebooks: {leaks}"
-    for doc in publish.chapters():
-        source = jupytext.read(ROOT / f"{doc}.md")
-        exercises = sum(c.source.count("{exercise}") for c in source.cells)
-        nb = nbformat.read(html / "notebooks" / f"{doc}.ipynb", as_version=4)
-        assert sum(c.source.count("{exercise}") for c in nb.cells) == exercises, f"{doc}: an exercise was cut"
+    url = _build_module().wheel_url(REPO_URL)
+    for p in notebooks:
+        text = p.read_text()
+        assert '"clone"' not in text and "git clone" not in text, f"{p.name} clones the repository"
+        nb = nbformat.read(p, as_version=4)
+        assert url in nb.cells[0].source and publish.INSTALL_GUARD in nb.cells[0].source, p.name
     wheel = written[f"wheels/{_build_module().wheel_name()}"]
     with zipfile.ZipFile(wheel) as zf:
         tops = {n.split("/")[0] for n in zf.namelist()}
-        assert tops == {"kvdro", f"kvdro-{_version()}.dist-info"}, tops
-        assert "kvdro/__init__.py" in zf.namelist()
-        assert not [n for n in zf.namelist() if "assignments" in n or n.endswith(".md")]
+        assert tops == {"kvdro", "data", f"kvdro-{_version()}.dist-info"}, tops
+        assert "kvdro/__init__.py" in zf.namelist() and "data/paper_base_models.json" in zf.namelist()
+        assert not [n for n in zf.namelist() if "assignments" in n or n.startswith("book/")]
+    assert url in (html / "requirements.txt").read_text() and (html / "runtime.txt").read_text() == "python-3.11\n"
+
+
+def _master_secrets() -> set[str]:
+    """Distinctive lines of the masters' solutions (not also in a chapter or in kvdro) and the names of their
+    hidden tests."""
+    secrets: set[str] = set()
+    for name in ASSIGNMENTS:
+        text = (ROOT / "book" / "assignments" / f"{name}.md").read_text()
+        for block in re.findall(r"# BEGIN SOLUTION NO PROMPT\n(.*?)# END SOLUTION", text, re.S):
+            secrets |= {line.strip() for line in block.splitlines() if len(line.strip()) > 30}
+        for cell in re.findall(r"hidden: true\n.*?# END TEST CONFIG\n(def \w+)", text, re.S):
+            secrets.add(cell)
+    public = "\n".join(p.read_text() for p in [*(ROOT / "book").glob("*.md"), *(ROOT / "kvdro").rglob("*.py")])
+    return {x for x in secrets if x not in public}  # distinctive: not a line the chapters or the package also have
+
+
+def test_student_edition_leaks_no_master(published_student):
+    """Issue 35: a scan of everything the student edition's publishing step writes (notebooks, the wheel's
+    files, Binder's requirements) for the masters' solution lines and hidden test names finds nothing;
+    the same scan of the masters (positive control) finds them all."""
+    import zipfile
+
+    html, written = published_student
+    secrets = _master_secrets()
+    assert len(secrets) >= 40, len(secrets)
+    texts = []
+    for path in written.values():
+        if path.suffix == ".whl":
+            with zipfile.ZipFile(path) as zf:
+                texts += [zf.read(n).decode("utf-8", "replace") for n in zf.namelist()]
+        else:
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    blob = "\n".join(texts)
+    assert [x for x in secrets if x in blob] == []
+    masters = "\n".join((ROOT / "book" / "assignments" / f"{n}.md").read_text() for n in ASSIGNMENTS)
+    assert all(x in masters for x in secrets), "positive control: the scan finds every secret in the masters"
+
+
+def test_student_rewrite_points_colab_and_binder_at_the_student_branch(tmp_path):
+    """The theme's Binder button builds the repository's main branch (the masters); the student edition's
+    opens the published notebook on the student branch, as its Colab button does."""
+    cfg_path, toc_path = publish.student_build_files(tmp_path / "cfg")
+    cfg = yaml.safe_load(cfg_path.read_text())
+    _, org, repo = publish.repository(cfg)
+    branch = cfg["repository"]["branch"]
+    colab = f"https://colab.research.google.com/github/{org}/{repo}/blob/{branch}/book/02_newsvendor.md"
+    binder = f"https://mybinder.org/v2/gh/{org}/{repo}/{branch}?urlpath=lab/tree/book/02_newsvendor.md"
+    page = tmp_path / "html" / "book" / "02_newsvendor.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(f'<a href="{colab}">Colab</a><a href="{binder}">Binder</a>')
+    assert publish.rewrite_launch_links(tmp_path / "html", cfg_path=cfg_path, toc=toc_path, student=True) == 2
+    text = page.read_text()
+    assert f"/v2/gh/{org}/{repo}/gh-pages-student?urlpath=lab/tree/notebooks/book/02_newsvendor.ipynb" in text, text
+    assert "/blob/gh-pages-student/notebooks/book/02_newsvendor.ipynb" in text and f"/{branch}" not in text, text
 
 
 def test_strip_solutions_cuts_fenced_and_gated_solutions():
@@ -236,9 +311,7 @@ def test_assignment_install_cell_points_at_the_published_wheel():
     build = _build_module()
     url = build.wheel_url(REPO_URL)
     assert url.endswith(f"/gh-pages-student/wheels/{build.wheel_name()}") and "raw.githubusercontent.com" in url
-    recipe = subprocess.run(["make", "-n", "--always-make", "book-student"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout
-    assert "'gh-pages-student'" in recipe and build.STUDENT_BRANCH == "gh-pages-student"
+    assert build.STUDENT_BRANCH == "gh-pages-student"
     for name in ASSIGNMENTS:
         assert f'"{url}"' in (ROOT / "book" / "assignments" / f"{name}.md").read_text(), name
 
@@ -256,6 +329,11 @@ def test_built_student_site_has_no_solution_anywhere():
     page = (root / "html" / "book" / "02_newsvendor.html").read_text(encoding="utf-8")
     links = re.findall(r'https://colab\.research\.google\.com/[^"]+', page)
     assert links and all("/blob/gh-pages-student/notebooks/" in u for u in links), links
+    binder = re.findall(r'https://mybinder\.org/[^"]+', page)
+    assert all("/gh-pages-student?urlpath=lab/tree/notebooks/" in u for u in binder), binder
+    assert not (root / "html" / "book" / "12_teaching.html").exists() and not (root / "html" / "book" / "teaching").exists()
+    clones = subprocess.run(["grep", "-rlF", 'git", "clone"', str(root / "html")], capture_output=True, text=True)
+    assert clones.stdout == "", f"a cell that clones the repository:\n{clones.stdout}"
 
 
 def test_built_student_book_has_no_solution():

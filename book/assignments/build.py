@@ -11,8 +11,11 @@ assignment format) this writes, under ``OUT/<name>/`` (default ``_build/assignme
                                         to create the Gradescope assignment's outline from
     autograder/<name>-written-solutions.pdf   the same questions with model answers and rubrics, for graders
 
-and ``OUT/index.json`` (questions and points of every assignment). Grade one submission without
-Docker with ``otter run -a autograder/<name>-autograder.zip submission.ipynb``.
+and ``OUT/index.json`` (questions and points of every assignment). Every autograder zip names the
+grading plugin ``kit_grade.KitGrader`` and carries it at its root with the pre-grading pass and the
+guard (``kit_grade.py``, ``kit_static.py``, ``kit_guard.py``) and ``kit_handout.json`` (the handout's
+own cells): grading runs out of the student's kernel. Grade one submission without Docker with
+``python book/assignments/kit_grade.py -a autograder/<name>-autograder.zip submission.ipynb``.
 
 The autograder zip carries the ``kvdro`` package itself (``files/kvdro``, which otter copies next to
 the submission, so ``import kvdro`` works in a grading container where kvdro is not installed) and a
@@ -55,6 +58,10 @@ ROOT = HERE.parents[1]
 DEFAULT_OUT = ROOT / "_build" / "assignments"
 #: The graders' helper module that every autograder zip carries (hidden tests import it).
 GUARD = HERE / "kit_guard.py"
+#: The grading plugin, the pre-grading pass and the guard: at the root of every autograder zip (where
+#: Gradescope's ``run_otter.py`` and ``kit_grade.py``'s command line import them), never in the
+#: submission's folder.
+KIT_MODULES = (HERE / "kit_grade.py", HERE / "kit_static.py", GUARD)
 #: Assignments built at once (each by its own otter and Chromium subprocesses).
 BUILD_WORKERS = 2
 
@@ -117,7 +124,8 @@ def _to_notebook(master: Path) -> nbformat.NotebookNode:
                 raise ValueError(f"{master}: generate.show_hidden must be true (students see the hidden tests' "
                                  "results once grades are published)")
             config["requirements"] = "requirements.txt"
-            config["autograder_files"] = sorted(set(config.get("autograder_files", [])) | {"kvdro", GUARD.name})
+            config["autograder_files"] = sorted(set(config.get("autograder_files", [])) | {"kvdro"})
+            config["plugins"] = ["kit_grade.KitGrader"]  # grading out of the student's kernel (kit_grade.py)
             cell.source = "```otter\n# ASSIGNMENT CONFIG\n" + yaml.safe_dump(config, sort_keys=False) + "```"
             return nb
     raise ValueError(f"{master}: no ```otter block starting with '# ASSIGNMENT CONFIG'")
@@ -226,6 +234,23 @@ def _install_cell_first(notebook: Path) -> None:
         nbformat.write(nb, notebook)
 
 
+def _add_grader(zip_path: Path, student: Path, solutions: Path) -> None:
+    """Put the grading plugin, the pass, the guard and the handout's cells (``kit_handout.json``) at the
+    root of the autograder zip (``kit_grade.py`` says what each does)."""
+    import zipfile
+
+    sys.path.insert(0, str(HERE))
+    try:
+        import kit_grade
+    finally:
+        sys.path.remove(str(HERE))
+    hand = kit_grade.handout(nbformat.read(student, as_version=4), nbformat.read(solutions, as_version=4))
+    with zipfile.ZipFile(zip_path, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+        for module in KIT_MODULES:
+            zf.write(module, module.name)
+        zf.writestr(kit_grade.HANDOUT_FILE, json.dumps(hand, indent=1))
+
+
 def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     """Build one assignment into ``out/name``; return its summary (paths, questions, points)."""
     target = out / name
@@ -236,7 +261,8 @@ def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     nbformat.write(_to_notebook(master), src / f"{name}.ipynb")
     (src / "requirements.txt").write_text("\n".join(_requirements()) + "\n")
     shutil.copytree(ROOT / "kvdro", src / "kvdro", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copyfile(GUARD, src / GUARD.name)
+    for module in KIT_MODULES:  # otter assign imports the plugin named in the config
+        shutil.copyfile(module, src / module.name)
     cmd = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(src / f"{name}.ipynb"), str(target)]
     run = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
     if run.returncode != 0:
@@ -244,10 +270,13 @@ def build_one(name: str, master: Path, out: Path, pdfs: bool = True) -> dict:
     zips = sorted((target / "autograder").glob(f"{name}-autograder_*.zip"))
     if len(zips) != 1:
         raise RuntimeError(f"otter assign wrote {len(zips)} autograder zips for {name}, expected 1")
-    zips[0].rename(target / "autograder" / f"{name}-autograder.zip")
+    zip_path = target / "autograder" / f"{name}-autograder.zip"
+    zips[0].rename(zip_path)
     _install_cell_first(target / "student" / f"{name}.ipynb")
+    _add_grader(zip_path, target / "student" / f"{name}.ipynb", target / "autograder" / f"{name}.ipynb")
     shutil.rmtree(src / "kvdro")
-    (src / GUARD.name).unlink()
+    for module in KIT_MODULES:
+        (src / module.name).unlink()
     qs = questions(master)
     written = []
     browser = chromium() if pdfs and any(q["manual"] for q in qs) else None

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -41,6 +42,16 @@ import nbformat
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def _kit_build():
+    """The kit's build.py (``STUDENT_BRANCH``, ``wheel_url``), imported from this folder."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import build
+
+    return build
 COLAB = "https://colab.research.google.com"
 
 #: The first cell of a published notebook: installs kvdro (a shallow clone of the repository, so the
@@ -59,6 +70,57 @@ if importlib.util.find_spec("kvdro") is None:
     sys.path.insert(0, str(repo))
 '''
 INSTALL_GUARD = 'if importlib.util.find_spec("kvdro") is None:'
+
+#: The student edition's first cell: installs the kvdro wheel that the student edition publishes (the
+#: package and the ``data/`` it reads; no clone of the repository, which holds the assignment masters).
+#: ``{wheel}`` is :func:`build.wheel_url`.
+STUDENT_INSTALL_CELL = '''\
+# Colab or any Jupyter without kvdro: install the kvdro package (a wheel of the package and its data,
+# from the course site; nothing else of the repository) once, a minute or two. Where kvdro is
+# installed this cell does nothing. If pip says it replaced numpy or pandas, restart the session.
+import importlib.util, subprocess, sys
+
+if importlib.util.find_spec("kvdro") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "kvdro[sharegpt] @ {wheel}"], check=True)
+'''
+
+#: The parts of ``_toc.yml`` the student edition leaves out (instructor pages).
+INSTRUCTOR_PARTS = ("Teaching",)
+
+
+def student_build_files(out: Path, root: Path = ROOT) -> tuple[Path, Path]:
+    """Write the student edition's ``_config.yml`` and ``_toc.yml`` into ``out``; return their paths.
+
+    The config is the book's with every exercise solution hidden (sphinx-exercise's ``hide_solutions``),
+    no sources copied and no download button, the Colab and Binder buttons on the branch
+    ``gh-pages-student`` (its notebooks, its wheel), the book's execution cache, and the pages that
+    are not in the student table of contents excluded (``external_toc_exclude_missing``); a reference
+    to an excluded page renders as plain text (``suppress_warnings: ref.ref``: the full build, with
+    the same sources, keeps every reference checked). The table of contents is the book's without
+    the parts named in :data:`INSTRUCTOR_PARTS` (the instructor guide, syllabus and week pages).
+    """
+    import os
+
+    cfg = config(root)
+    sx = cfg.setdefault("sphinx", {})
+    extra = sx.setdefault("config", {})
+    extra.update({"hide_solutions": True, "html_copy_source": False, "external_toc_exclude_missing": True})
+    extra["suppress_warnings"] = sorted(set(extra.get("suppress_warnings", [])) | {"ref.ref"})
+    cfg.setdefault("html", {})["use_download_button"] = False
+    cfg.setdefault("launch_buttons", {})["notebooks_branch"] = _kit_build().STUDENT_BRANCH
+    sx["local_extensions"] = {k: os.path.abspath(root / v) for k, v in sx.get("local_extensions", {}).items()}
+    cfg["execute"]["cache"] = os.path.abspath(root / "_build" / ".jupyter_cache")
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    toc["parts"] = [p for p in toc["parts"] if p.get("caption") not in INSTRUCTOR_PARTS]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (out / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
+    return out / "_config.yml", out / "_toc.yml"
+
+
+def student_docs(toc_path: Path) -> list[str]:
+    """Doc names in a table of contents (``book/02_newsvendor``)."""
+    return re.findall(r"file:\s*(\S+)", Path(toc_path).read_text())
 
 
 def config(root: Path = ROOT, path: Path | None = None) -> dict:
@@ -116,8 +178,9 @@ def strip_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def build_wheel(out: Path, root: Path = ROOT) -> Path:
-    """Write ``kvdro-<version>-py3-none-any.whl`` into ``out``: the files of ``kvdro/`` and the metadata of
-    ``pyproject.toml`` (dependencies, extras, the ``kvdro`` command), nothing else of the repository.
+    """Write ``kvdro-<version>-py3-none-any.whl`` into ``out``: the files of ``kvdro/`` and ``data/`` (which
+    the package reads beside itself) and the metadata of ``pyproject.toml`` (dependencies, extras, the
+    ``kvdro`` command), nothing else of the repository (no book, no assignment master).
 
     The wheel is assembled directly (a wheel is a zip with a ``.dist-info`` folder, PEP 427), so that it
     builds offline and identically on every machine. Returns its path.
@@ -142,8 +205,10 @@ def build_wheel(out: Path, root: Path = ROOT) -> Path:
     scripts = project.get("scripts", {})
     if scripts:
         files[f"{info}/entry_points.txt"] = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
-    sources = sorted(p for p in (root / "kvdro").rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                     and p.suffix not in (".pyc", ".so"))
+    # kvdro/ and the data/ it reads beside itself (Path(kvdro/...).parents[2] / "data": the wheel installs
+    # it next to the package, in site-packages)
+    sources = sorted(p for folder in ("kvdro", "data") for p in (root / folder).rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".so"))
     out.mkdir(parents=True, exist_ok=True)
     wheel = out / f"{name}-{version}-py3-none-any.whl"
     record = []
@@ -183,10 +248,18 @@ def colab_link(cfg: dict, target: str) -> str:
     return f"{COLAB}/github/{org}/{repo}/blob/{notebooks_branch(cfg)}/{target}"
 
 
-def chapters(root: Path = ROOT) -> list[str]:
-    """Doc names of ``_toc.yml`` (``book/02_newsvendor``) whose source has code cells."""
-    docs = re.findall(r"file:\s*(\S+)", (root / "_toc.yml").read_text())
+def chapters(root: Path = ROOT, toc: Path | None = None) -> list[str]:
+    """Doc names of ``_toc.yml`` (or of ``toc``, e.g. the student edition's) whose source has code cells."""
+    docs = re.findall(r"file:\s*(\S+)", Path(toc or root / "_toc.yml").read_text())
     return [d for d in docs if "{code-cell}" in (root / f"{d}.md").read_text()]
+
+
+def with_student_install_cell(nb: nbformat.NotebookNode, wheel: str) -> nbformat.NotebookNode:
+    """``nb`` whose install cell (every code cell guarded by :data:`INSTALL_GUARD`, e.g. a chapter's clone
+    of the repository) is :data:`STUDENT_INSTALL_CELL`, first: nothing clones the repository."""
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and INSTALL_GUARD in c.source)]
+    nb.cells.insert(0, nbformat.v4.new_code_cell(STUDENT_INSTALL_CELL.replace("{wheel}", wheel)))
+    return nb
 
 
 def with_install_cell(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookNode:
@@ -198,20 +271,23 @@ def with_install_cell(nb: nbformat.NotebookNode, url: str) -> nbformat.NotebookN
 
 
 def publish(html: Path, kit: Path, root: Path = ROOT, *, student: bool = False,
-            cfg_path: Path | None = None) -> dict[str, Path]:
-    """Write the notebook copies under ``html/notebooks`` (``student``: without solutions, and the kvdro
-    wheel under ``html/wheels``); return {site-relative path: file}."""
+            cfg_path: Path | None = None, toc: Path | None = None) -> dict[str, Path]:
+    """Write the notebook copies under ``html/notebooks`` (``student``: the student table of contents'
+    chapters without solutions, installing the wheel; the kvdro wheel under ``html/wheels``; Binder's
+    ``requirements.txt`` and ``runtime.txt`` at the root); return {site-relative path: file}."""
     cfg = config(root, cfg_path)
     url, _, _ = repository(cfg)
     out = html / "notebooks"
     if out.exists():
         shutil.rmtree(out)
     written: dict[str, Path] = {}
-    for doc in chapters(root):
+    wheel = _wheel_url(url) if student else ""
+    for doc in chapters(root, toc):
         nb = jupytext.read(root / f"{doc}.md")
         if student:
-            nb = strip_solutions(nb)
-        nb = with_install_cell(nb, url)
+            nb = with_student_install_cell(strip_solutions(nb), wheel)
+        else:
+            nb = with_install_cell(nb, url)
         nb.metadata.pop("jupytext", None)
         nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
         target = out / f"{doc}.ipynb"
@@ -227,31 +303,55 @@ def publish(html: Path, kit: Path, root: Path = ROOT, *, student: bool = False,
         wheels = html / "wheels"
         if wheels.exists():
             shutil.rmtree(wheels)
-        wheel = build_wheel(wheels, root)
-        written[f"wheels/{wheel.name}"] = wheel
+        built = build_wheel(wheels, root)
+        written[f"wheels/{built.name}"] = built
+        # Binder builds the student branch (its root is this folder): the wheel and the grader, Python 3.11
+        for name, text in (("requirements.txt", f"kvdro[sharegpt] @ {wheel}\notter-grader==7.0.0\n"),
+                           ("runtime.txt", "python-3.11\n")):
+            (html / name).write_text(text)
+            written[name] = html / name
     return written
 
 
-def rewrite_launch_links(html: Path, root: Path = ROOT, cfg_path: Path | None = None) -> int:
-    """Point each chapter page's Colab button (the theme's, to the ``.md`` source) at the published copy.
+def _wheel_url(repo_url: str) -> str:
+    return _kit_build().wheel_url(repo_url)
+
+
+def rewrite_launch_links(html: Path, root: Path = ROOT, cfg_path: Path | None = None, toc: Path | None = None,
+                         *, student: bool = False) -> int:
+    """Point each chapter page's Colab button (the theme's, to the ``.md`` source) at the published copy;
+    in the student edition the Binder button too (the theme's builds the repository's branch, which holds
+    the masters): Binder then builds the student branch (its ``requirements.txt``: the wheel) and opens
+    the published copy.
 
     Returns the number of links rewritten.
     """
     cfg = config(root, cfg_path)
     _, org, repo = repository(cfg)
     branch = str(cfg.get("repository", {}).get("branch", "main"))
+    binder = str(cfg.get("launch_buttons", {}).get("binderhub_url", "")).rstrip("/")
     count = 0
-    for doc in chapters(root):
+    for doc in chapters(root, toc):
         page = html / f"{doc}.html"
         if not page.exists():
             continue
         text = page.read_text(encoding="utf-8")
-        theme = f"{COLAB}/github/{org}/{repo}/blob/{branch}/{doc}.md"
-        n = text.count(theme)
-        if n:
-            page.write_text(text.replace(theme, colab_link(cfg, f"notebooks/{doc}.ipynb")), encoding="utf-8")
-            count += n
+        links = {f"{COLAB}/github/{org}/{repo}/blob/{branch}/{doc}.md": colab_link(cfg, f"notebooks/{doc}.ipynb")}
+        if student and binder:
+            for ui in ("lab/tree", "tree"):
+                links[f"{binder}/v2/gh/{org}/{repo}/{branch}?urlpath={ui}/{doc}.md"] = binder_link(cfg, f"notebooks/{doc}.ipynb")
+        for theme, ours in links.items():
+            n = text.count(theme)
+            text, count = text.replace(theme, ours), count + n
+        page.write_text(text, encoding="utf-8")
     return count
+
+
+def binder_link(cfg: dict, target: str) -> str:
+    """The Binder address that builds the notebooks branch (the student edition's) and opens ``target``."""
+    _, org, repo = repository(cfg)
+    binder = str(cfg.get("launch_buttons", {}).get("binderhub_url", "https://mybinder.org")).rstrip("/")
+    return f"{binder}/v2/gh/{org}/{repo}/{notebooks_branch(cfg)}?urlpath=lab/tree/{target}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,10 +359,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
     parser.add_argument("--kit", type=Path, default=ROOT / "_build" / "assignments")
     parser.add_argument("--config", type=Path, default=None, help="the book config (default _config.yml)")
+    parser.add_argument("--toc", type=Path, default=None, help="the table of contents (default _toc.yml)")
     parser.add_argument("--student", action="store_true", help="the student edition: no solutions, and the wheel")
+    parser.add_argument("--student-config", type=Path, default=None,
+                        help="only write the student edition's _config.yml and _toc.yml into this folder")
     args = parser.parse_args(argv)
-    written = publish(args.html, args.kit, student=args.student, cfg_path=args.config)
-    links = rewrite_launch_links(args.html, cfg_path=args.config)
+    if args.student_config:
+        for path in student_build_files(args.student_config):
+            print(f"wrote {path}")
+        return
+    written = publish(args.html, args.kit, student=args.student, cfg_path=args.config, toc=args.toc)
+    links = rewrite_launch_links(args.html, cfg_path=args.config, toc=args.toc, student=args.student)
     print(f"published {len(written)} notebooks under {args.html / 'notebooks'}; {links} Colab links point at them")
 
 
