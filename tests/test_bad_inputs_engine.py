@@ -360,3 +360,16 @@ def test_policy_buffers_refuses_text_or_boolean_token_columns(column, value):
     train = _trace(5).assign(**{column: value})
     with pytest.raises(ValueError, match=rf"^train: column '{column}' must hold numbers \[tokens\]"):
         policy_buffers("p90", train, rho=10.0)
+
+
+def test_the_context_window_is_the_models_own_and_never_exceeded():
+    """Issue 33 item 3: a deployment of a model serves at most that model's window (unset: the window
+    itself); the book's default Llama-2-70B-shaped model keeps its documented 16,384 tokens."""
+    from kvdro.hardware import LLAMA2_7B, LLAMA31_70B
+    from kvdro.sim.deployment import MAX_MODEL_LEN, Deployment
+
+    assert Deployment(groups=("TP4-PP1",)).max_model_len == MAX_MODEL_LEN == 16_384
+    assert Deployment(groups=("TP1-PP1",), model=LLAMA2_7B).max_model_len == 4096
+    assert Deployment(groups=("TP4-PP1",), model=LLAMA31_70B, max_model_len=8192).max_model_len == 8192
+    with pytest.raises(ValueError, match=r"max_model_len: 16384 tokens is beyond Llama-2-7B's context window of 4096"):
+        Deployment(groups=("TP1-PP1",), model=LLAMA2_7B, max_model_len=16_384)

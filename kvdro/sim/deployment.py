@@ -109,7 +109,10 @@ class Deployment:
         prefix_tokens: class name -> L_pre^i [tokens], the shared prefix (default 0: none).
         slo_s: class name -> D_i [s] (default :func:`kvdro.workload.default_slo_s` of the class's mean output).
         model, gpu: the served model and the accelerator (chapter 4's constants).
-        max_num_seqs, max_model_len, watermark: vLLM engine settings (module constants).
+        max_num_seqs, max_model_len, watermark: vLLM engine settings (module constants). ``max_model_len``
+            unset: the model's context window (``Model.max_context``), except for the book's default
+            Llama-2-70B, which serves a 16,384-token window (:data:`MAX_MODEL_LEN`, see there); above another
+            model's window it is refused (a prompt beyond the window is never served).
         max_num_batched_tokens: the token budget of a step; ``None`` -> vLLM v0's default without
             chunked prefill, ``max(max_model_len, 2048)``.
     """
@@ -123,7 +126,7 @@ class Deployment:
     model: Model = LLAMA2_70B
     gpu: GPU = A100_80GB
     max_num_seqs: int = MAX_NUM_SEQS
-    max_model_len: int = MAX_MODEL_LEN
+    max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     watermark: float = WATERMARK
     name: str = ""
@@ -146,6 +149,16 @@ class Deployment:
         if not groups:
             raise ValueError("groups: need at least one serving group")
         object.__setattr__(self, "groups", tuple(groups))
+        window = int(self.model.max_context)
+        if self.max_model_len is None:  # the model's own window; the book's Llama-2-70B-shaped model: 16,384
+            object.__setattr__(self, "max_model_len", MAX_MODEL_LEN if self.model == LLAMA2_70B else window)
+        elif (self.model != LLAMA2_70B and not isinstance(self.max_model_len, bool)
+              and isinstance(self.max_model_len, (int, np.integer)) and self.max_model_len > window):
+            raise ValueError(
+                f"max_model_len: {self.max_model_len} tokens is beyond {self.model.name}'s context window of {window} "
+                "tokens; a longer prompt must be refused or cut by the window, never served (give max_model_len <= "
+                f"{window}, or leave it unset)"
+            )
         for what in ("max_num_seqs", "max_model_len"):
             _positive_int(what, getattr(self, what))
         if self.max_num_batched_tokens is not None:
