@@ -373,3 +373,20 @@ def test_the_context_window_is_the_models_own_and_never_exceeded():
     assert Deployment(groups=("TP4-PP1",), model=LLAMA31_70B, max_model_len=8192).max_model_len == 8192
     with pytest.raises(ValueError, match=r"max_model_len: 16384 tokens is beyond Llama-2-7B's context window of 4096"):
         Deployment(groups=("TP1-PP1",), model=LLAMA2_7B, max_model_len=16_384)
+
+
+def test_the_presets_share_the_engines_envelope(monkeypatch):
+    """Issue 36 item 4 for the issue-32 presets: a clock that passes the limit raises the same
+    ClockLimitError as the vLLM v0 engines (their token and arrival checks are envelope.check_inputs, shared)."""
+    import numpy as np
+    import pandas as pd
+
+    from kvdro.sim import simulate
+    from kvdro.sim import engine_presets
+    from kvdro.sim.timing import ClockLimitError
+
+    tr = pd.DataFrame({"arrival_s": [0.0, 0.1], "input_tokens": [100, 100], "output_tokens": [10, 20],
+                       "request_class": ["a", "a"]})
+    monkeypatch.setattr(engine_presets, "MAX_CLOCK_PS", 10**6)  # one microsecond: the first step passes it
+    with pytest.raises(ClockLimitError, match="do not drain"):
+        simulate(tr, policy="vllm", engine="vllm-v1", rng=np.random.default_rng(0))

@@ -28,9 +28,10 @@ import numpy as np
 from kvdro.hardware import BLOCK_TOKENS, mixed_step_times
 from kvdro.sim.engines import rules
 from kvdro.sim.engines.state import EngineState
+from kvdro.sim.envelope import check_inputs
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec
-from kvdro.sim.timing import StepClock, seconds_to_ps
+from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError, StepClock, seconds_to_ps
 
 __all__ = ["run_preset", "replay", "replay_steps", "step_ps", "preset_state"]
 
@@ -142,6 +143,7 @@ def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np
     ``max_new`` when smaller); ``max_new`` the ``max_new_tokens`` the engine sees; the pool is the
     ``spec.blocks`` 16-token blocks, in pages of ``cfg.page_size`` tokens. ``record=True`` keeps
     per-step rows ``(t_ps, dur_ps, scheduled, preempted, finished)``."""
+    check_inputs(inp)  # the engines' common envelope (kvdro.sim.envelope); the clock limit is checked per step
     n = len(inp)
     pages = spec.blocks * BLOCK_TOKENS // cfg.page_size
     st = preset_state(engine, cfg, prompt=inp.prompt, limit=inp.output, max_new=max_new, pages=pages, window=window)
@@ -152,6 +154,8 @@ def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np
     def on_step(t_end, dur, step, done, decode_only):
         if dur == 0:
             return
+        if t_end >= MAX_CLOCK_PS:  # the same limit and error as every engine's
+            raise ClockLimitError(clock.config.name, n, "the clock passed it before the queue drained")
         t0 = t_end - dur
         for j in step.scheduled:
             if out.admit_ps[j] < 0:

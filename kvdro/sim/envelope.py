@@ -31,7 +31,7 @@ import numpy as np
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineSpec
 from kvdro.sim.timing import MAX_CLOCK_PS, PS_PER_S, ClockLimitError, StepClock
 
-__all__ = ["MAX_DECODE_PS", "MAX_GROWTH_PS", "MAX_PREFILL_PS", "MAX_TOKENS", "check_envelope", "drain_lower_bound_ps",
+__all__ = ["MAX_DECODE_PS", "MAX_GROWTH_PS", "MAX_PREFILL_PS", "MAX_TOKENS", "check_envelope", "check_inputs", "drain_lower_bound_ps",
            "prefill_tokens_bound"]
 
 #: The largest prompt or output length [tokens] a trace may hold: 2**53, the last integer a float64
@@ -120,13 +120,9 @@ def drain_lower_bound_ps(spec: EngineSpec, inp: EngineInput, clock: StepClock) -
     return float(np.min(inp.arrival_ps)) + work * per_token
 
 
-def check_envelope(spec: EngineSpec, inp: EngineInput, clock: StepClock) -> None:
-    """Refuse, before the first step, a run outside the engines' envelope (module docstring).
-
-    Raises:
-        ValueError: naming the input (``prompt``/``output``) or the setting (``spec``/``clock``) out of range.
-        ClockLimitError: the run cannot drain before :data:`~kvdro.sim.timing.MAX_CLOCK_PS`.
-    """
+def check_inputs(inp: EngineInput) -> None:
+    """The part of the envelope every engine checks, the presets' too: token counts integers in
+    [1, 2**53] (:data:`MAX_TOKENS`) and arrivals inside the picosecond clock; ValueError naming them."""
     n = len(inp)
     for name in ("prompt", "output"):
         v = np.asarray(getattr(inp, name))
@@ -138,6 +134,17 @@ def check_envelope(spec: EngineSpec, inp: EngineInput, clock: StepClock) -> None
                              f"{int(v[bad[0]])}")
     if n and (int(np.min(inp.arrival_ps)) < 0 or int(np.max(inp.arrival_ps)) >= MAX_CLOCK_PS):
         raise ValueError(f"arrival_ps: arrivals must lie in [0, {MAX_CLOCK_PS}) ps")
+
+
+def check_envelope(spec: EngineSpec, inp: EngineInput, clock: StepClock) -> None:
+    """Refuse, before the first step, a run outside the engines' envelope (module docstring).
+
+    Raises:
+        ValueError: naming the input (``prompt``/``output``) or the setting (``spec``/``clock``) out of range.
+        ClockLimitError: the run cannot drain before :data:`~kvdro.sim.timing.MAX_CLOCK_PS`.
+    """
+    check_inputs(inp)
+    n = len(inp)
     where = f"one {clock.config.name} engine of {clock.model.name} on {clock.gpu.name}"
     _, bmax = _base_range(spec, clock)
     L = np.asarray(inp.prompt, dtype=float)
