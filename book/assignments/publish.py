@@ -250,7 +250,7 @@ def colab_link(cfg: dict, target: str) -> str:
 
 def chapters(root: Path = ROOT, toc: Path | None = None) -> list[str]:
     """Doc names of ``_toc.yml`` (or of ``toc``, e.g. the student edition's) whose source has code cells."""
-    docs = re.findall(r"file:\s*(\S+)", Path(toc or root / "_toc.yml").read_text())
+    docs = re.findall(r"(?:root|file):\s*(\S+)", Path(toc or root / "_toc.yml").read_text())  # the root page too
     return [d for d in docs if "{code-cell}" in (root / f"{d}.md").read_text()]
 
 
