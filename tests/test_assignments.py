@@ -625,6 +625,42 @@ def recompute_share(result):
     return float("nan")
 """, 3.0, None, False),
 ]
+GRADING_TABLE += [
+    ("a6_engines", "q1", "the bound against the cap (true - cap)", """
+def length_value(trace, engine, *, deployment, seed, cap):
+    g = {key: float(simulate(trace, policy="vllm", engine=engine, max_new=mn, deployment=deployment,
+                             rng=np.random.default_rng(seed)).metrics["goodput_rps"])
+         for key, mn in (("unset", "unset"), ("cap", cap), ("true", "true"))}
+    return {**g, "value_lower_bound": g["true"] - g["cap"]}
+""", 2.0, "true - unset", False),
+    ("a6_engines", "q1", "the cap not passed (max_new unset twice)", """
+def length_value(trace, engine, *, deployment, seed, cap):
+    g = {key: float(simulate(trace, policy="vllm", engine=engine, max_new=mn, deployment=deployment,
+                             rng=np.random.default_rng(seed)).metrics["goodput_rps"])
+         for key, mn in (("unset", "unset"), ("cap", "unset"), ("true", "true"))}
+    return {**g, "value_lower_bound": g["true"] - g["unset"]}
+""", 2.5, "max_new=cap", False),
+    ("a6_engines", "q1", "D2: the public slice's numbers typed in", """
+_typed = dict(gne)
+def length_value(trace, engine, *, deployment, seed, cap):
+    return dict(_typed)
+""", 0.0, "a direct simulation gives", False),
+    ("a6_engines", "q2", "share of the default, not of the oracle", """
+def value_table(trace, engines, *, deployment, seed, cap):
+    table = pd.DataFrame({e: length_value(trace, e, deployment=deployment, seed=seed, cap=cap) for e in engines}).T
+    table["value_share"] = table["value_lower_bound"] / table["unset"]
+    return table
+""", 1.0, "value_lower_bound / true", False),
+    ("a6_engines", "q2", "D2: the public table typed in", """
+_typed = table.copy()
+def value_table(trace, engines, *, deployment, seed, cap):
+    return _typed.copy()
+""", 0.0, "one row per engine", False),
+    ("a6_engines", "q2", "D3: wrong q1 (nan), q2 itself right", """
+def length_value(trace, engine, *, deployment, seed, cap):
+    return {"unset": float("nan"), "cap": float("nan"), "true": float("nan"), "value_lower_bound": float("nan")}
+""", 2.0, None, False),
+]
 
 
 def _notebook_env(right: dict) -> dict:
@@ -893,6 +929,16 @@ def test_a5_slice_is_the_chapter_memory_point():
     point = regimes.OPERATING_POINTS["memory"]
     assert env["MEMORY_POINT"] == {"deployment": point.deployment_label, "load": point.scale}
     assert env["vllm_run"].metrics["preemptions"] > 0, "vLLM must preempt on a5's slice (memory binds)"
+
+
+def test_a6_slice_separates_the_engine_that_reserves_from_the_one_that_does_not():
+    """a6's written question asks why knowing the length is worth nothing to vllm-v1 through max_new and
+    where the DRO estimate lands between unset and true in trtllm-gne: the handout's slice must show both."""
+    env = _master_env("a6_engines")
+    table, dro = env["table"], env["dro_runs"]["trtllm-gne"].metrics["goodput_rps"]
+    assert table.loc["vllm-v1", "value_lower_bound"] == 0.0, table
+    assert table.loc["trtllm-gne", "unset"] < dro < table.loc["trtllm-gne", "true"], (table, dro)
+    assert env["dro_runs"]["trtllm-gne"].metrics["capped"] > 0, "the DRO estimate caps some requests on the slice"
 
 
 def test_a4_design_paragraph_is_graded_by_hand():
