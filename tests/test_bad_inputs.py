@@ -247,7 +247,7 @@ DEPLOYMENT_CASES = [
     ("max_num_batched_tokens", {"max_model_len": 128, "max_num_batched_tokens": 200}),  # < max_num_seqs = 256
     *[("max_num_batched_tokens", {"max_num_batched_tokens": v}) for v in (0, 1.5, "4096", True, math.nan)],
     *[("max_num_seqs", {"max_num_seqs": v}) for v in (0, -1, 2.5, "256", True, None, math.nan)],
-    *[("max_model_len", {"max_model_len": v}) for v in (0, 4096.5, "4096", False, None, math.inf)],
+    *[("max_model_len", {"max_model_len": v}) for v in (0, -4096, 4096.5, "4096", False, math.inf)],  # None: the model's window
     ("max_model_len", {"max_model_len": 10**7}),  # one sequence does not fit an engine's KV cache
     *[("watermark", {"watermark": v}) for v in (-0.1, 1.0, math.nan, "0.01", True, None)],
     *[("groups", {"groups": v}) for v in ((), ("TP3-PP1",), ("4x1",))],
