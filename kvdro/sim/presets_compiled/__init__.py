@@ -1,0 +1,52 @@
+"""The compiled implementation of the engine presets (:mod:`kvdro.sim.engines`).
+
+The reference engine (:mod:`kvdro.sim.engine_presets`) is the readable specification: every rule
+a small function, run step by step. This package is the one fast implementation of the same
+rules: one numba kernel per engine family over flat arrays (the waiting queue a ring buffer, the
+running batch an array in admission order), timed by the same cost model to the picosecond
+(:mod:`~kvdro.sim.presets_compiled.clock`). Its source runs as plain Python under
+``NUMBA_DISABLE_JIT=1`` (slowly, with the same results) for debugging. Property tests
+(``tests/test_presets_compiled_*.py``) run both implementations on random traces and knobs and
+require every output to be identical.
+
+:func:`run_compiled_preset` has :func:`kvdro.sim.engine_presets.run_preset`'s signature and result;
+:data:`COMPILED` names the presets it runs (``vllm-v0`` has its own compiled engine,
+:mod:`kvdro.sim.engine_compiled`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+__all__ = ["COMPILED", "MODULES", "run_compiled_preset", "has_compiled"]
+
+#: preset -> the module of this package that runs it (its ``run(engine, cfg, spec, inp, max_new, clock, *, window)``).
+MODULES: dict[str, str] = {
+    "vllm-v1": "vllm_v1",
+    "sglang": "sglang",
+    "trtllm-gne": "trtllm",
+    "trtllm-maxutil": "trtllm",
+    "lightllm": "lightllm",
+}
+
+
+def has_compiled(engine: str) -> bool:
+    """True if ``engine`` has a compiled implementation here (its module exists)."""
+    name = MODULES.get(engine)
+    if name is None:
+        return False
+    return importlib.util.find_spec(f"{__name__}.{name}") is not None
+
+
+#: The presets with a compiled implementation.
+COMPILED: tuple[str, ...] = tuple(e for e in MODULES if has_compiled(e))
+
+
+def run_compiled_preset(engine: str, cfg, spec, inp, max_new, clock, *, window: int):
+    """:func:`kvdro.sim.engine_presets.run_preset` (without ``record``/``progress``), compiled:
+    the same :class:`~kvdro.sim.scheduler.EngineOutput`, integer for integer."""
+    if engine not in COMPILED:
+        raise ValueError(f"implementation: the preset {engine!r} has no compiled implementation (it has: {COMPILED})")
+    module = importlib.import_module(f"{__name__}.{MODULES[engine]}")
+    return module.run(engine, cfg, spec, inp, max_new, clock, window=window)
