@@ -60,12 +60,17 @@ def resolve_engine(engine: str, implementation: str | None) -> tuple[str, str]:
                              f"it conflicts with implementation={implementation!r}")
         engine, implementation = DEFAULT_ENGINE, engine
     check_engine_name(engine)
+    from kvdro.sim.presets_compiled import COMPILED
+
     if implementation is None:
-        implementation = "fast" if engine == DEFAULT_ENGINE else "reference"
+        implementation = "fast" if engine == DEFAULT_ENGINE or engine in COMPILED else "reference"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation: must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    if engine != DEFAULT_ENGINE and implementation != "reference":
-        raise ValueError(f"implementation: the preset {engine!r} runs on its reference engine only "
+    if engine != DEFAULT_ENGINE and implementation == "fast-python":
+        raise ValueError(f"implementation: 'fast-python' is vllm-v0's Python event engine; the preset {engine!r} "
+                         "runs as 'fast' (compiled) or 'reference'")
+    if engine != DEFAULT_ENGINE and implementation == "fast" and engine not in COMPILED:
+        raise ValueError(f"implementation: the preset {engine!r} has no compiled implementation yet "
                          f"(implementation='reference'), got {implementation!r}")
     return engine, implementation
 

@@ -307,6 +307,8 @@ def simulate(
     if (isinstance(aging_s_per_token, bool) or not isinstance(aging_s_per_token, (int, float, np.integer, np.floating))
             or not (np.isfinite(aging_s_per_token) and aging_s_per_token >= 0)):
         raise ValueError(f"aging_s_per_token: must be a finite number >= 0 [s per token], got {aging_s_per_token!r}")
+    if record and implementation is None and engine not in ("fast", "fast-python"):
+        implementation = "reference"  # a per-step trace is the reference engine's
     engine, implementation = resolve_engine(engine, implementation)
     max_new = check_max_new(max_new)
     if engine == DEFAULT_ENGINE and engine_options:
@@ -458,7 +460,13 @@ def simulate(
     outputs: list[EngineOutput] = []
     try:
         for (spec, clock), inp, idx in zip(specs, inputs, members):
-            if engine != DEFAULT_ENGINE:
+            if engine != DEFAULT_ENGINE and implementation == "fast":
+                from kvdro.sim.presets_compiled import run_compiled_preset
+
+                out = run_compiled_preset(engine, preset_cfg, spec, inp, max_new_tokens[idx], clock, window=limit)
+                if bar is not None:
+                    bar.update(int(len(inp)))
+            elif engine != DEFAULT_ENGINE:
                 from kvdro.sim.engine_presets import run_preset
 
                 out = run_preset(engine, preset_cfg, spec, inp, max_new_tokens[idx], clock, window=limit,
