@@ -5,7 +5,7 @@ requests, the default deployment 2 x TP4-PP1) in <= 2 s here, with metrics ident
 step-by-step reference engine's, for ``vllm``, a soft and a hard reservation; and (issue 29) the
 compiled fast engine (:mod:`kvdro.sim.engine_compiled`) is >= 5x faster than the pure-Python fast
 engine (:mod:`kvdro.sim.engine_fast`), measured as each one's speed ratio to the reference engine
-**in the same run**, linear in the trace length. Four parts:
+**in the same run**, linear in the trace length. Six parts:
 
 1. ``simulate`` end to end with each engine (``fast`` = compiled, ``fast-python``, ``reference``):
    wall time, the ratio to the reference, identical metrics and per-request frames.
@@ -21,6 +21,12 @@ engine (:mod:`kvdro.sim.engine_fast`), measured as each one's speed ratio to the
    conversation trace tiled to 10**7 requests, a ServeGen R1 day at production rate and the
    Mooncake traces: requests per CPU second, peak RSS, and the log-log exponents of time and memory
    in the trace length (:mod:`kvdro.bench._sim_scale`).
+6. Presets (issue 32; ``--presets-only`` for this part alone): every engine preset
+   (:mod:`kvdro.sim.engines`) on the whole conversation trace at the primary memory point
+   (4 x TP2-PP1 at load 0.7, ``max_new`` unset and the true lengths): ``simulate`` with the
+   compiled implementation (:mod:`kvdro.sim.presets_compiled`) against the step-by-step reference
+   engine -- identical metrics and per-request outcomes, the ratio (goal >= 50x), and the compiled
+   engine's CPU time on the trace tiled 1x, 2x, 4x (log-log exponent <= 1.15: linear).
 
 Timings are noisy on a shared machine: the verdicts use ratios measured in the same run, and parts
 2-4 time **CPU seconds** of this process (``time.process_time``), not wall time: with more runnable
@@ -170,6 +176,59 @@ def _compile_times() -> tuple[float, float, float, float]:
     return cached[0], cold[1], cached[1], cached[2]
 
 
+#: issue 32: every preset's compiled implementation at least this many times its reference engine
+PRESET_GOAL = 50.0
+PRESET_LOAD, PRESET_CONFIG = 0.7, "TP2-PP1"
+
+
+def _same_result(a, b) -> bool:
+    """Two ``simulate`` results agree: metrics (but wall time), per-request frame, engine totals."""
+    strip = lambda m: {k: v for k, v in m.items() if k != "wall_s"}  # noqa: E731
+    return (strip(a.metrics) == strip(b.metrics) and a.requests.equals(b.requests)
+            and all(x.totals() == y.totals() for x, y in zip(a.outputs, b.outputs)))
+
+
+def _presets(trace, repeats: int) -> bool:
+    """Part 6 (module docstring); True when every preset is compiled, identical, >= 50x and linear."""
+    from kvdro.sim import default_deployment, simulate
+    from kvdro.sim.engines import DEFAULT_ENGINE, ENGINES
+    from kvdro.sim.presets_compiled import COMPILED
+    from kvdro.sim.regimes import at_load
+
+    dep = default_deployment(config=PRESET_CONFIG)
+    tr = at_load(trace, PRESET_LOAD)
+    print(f"\n6. Presets: the whole conversation trace at load {PRESET_LOAD}, {dep.describe()}; "
+          "simulate() [CPU s], ratio = reference / compiled")
+    print(f"{'engine':>15} {'max_new':>8} {'compiled':>9} {'ref':>7} {'ratio':>6} {'same':>5} {'preempt':>8} "
+          f"{'x1':>7} {'x2':>7} {'x4':>7} {'exp':>5}")
+    ok = True
+    for engine in ENGINES:
+        if engine == DEFAULT_ENGINE:
+            continue  # vllm-v0: parts 1-3
+        if engine not in COMPILED:
+            print(f"{engine:>15}  no compiled implementation")
+            ok = False
+            continue
+        for max_new in ("unset", "true"):
+            def run(implementation, frame=tr):
+                return simulate(frame, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine=engine,
+                                implementation=implementation, max_new=max_new)
+
+            run("fast")  # numba's cache and the clock's memo, as in a sweep
+            t_c, fast = _cpu_timed(lambda: run("fast"), repeats)
+            t_r, ref = _cpu_timed(lambda: run("reference"), 1)
+            same = _same_result(fast, ref)
+            tiles = [_cpu_timed(lambda k=k: run("fast", _tiled(tr, k)), repeats)[0] for k in (1, 2, 4)]
+            exp = _exponent([len(tr) * k for k in (1, 2, 4)], tiles)
+            ratio = t_r / t_c
+            ok &= same and ratio >= PRESET_GOAL and exp <= 1.15
+            print(f"{engine:>15} {max_new:>8} {t_c:9.3f} {t_r:7.1f} {ratio:6.0f} {str(same):>5} "
+                  f"{fast.metrics['preemptions']:>8,} {tiles[0]:7.2f} {tiles[1]:7.2f} {tiles[2]:7.2f} {exp:5.2f}")
+    print(f"[{'PASS' if ok else 'FAIL'}] every preset compiled, identical to its reference engine, >= {PRESET_GOAL:g}x "
+          "faster, linear in the trace length (issue 32)")
+    return ok
+
+
 def _exponent(n: list[int], t: list[float]) -> float:
     return float(np.polyfit(np.log(n), np.log(t), 1)[0])
 
@@ -191,6 +250,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-compile-time", action="store_true", help="skip part 4 (a fresh compilation, ~1 min)")
     parser.add_argument("--scale", action="store_true", help="also part 5: 10**7 requests, an R1 day, Mooncake (minutes)")
     parser.add_argument("--scale-only", action="store_true", help="part 5 alone")
+    parser.add_argument("--presets-only", action="store_true", help="part 6 alone: the engine presets, compiled vs reference")
     parser.add_argument("--scale-requests", type=int, default=None, help="the tiled trace's length (default 10**7)")
     args = parser.parse_args(argv)
 
@@ -206,6 +266,11 @@ def main(argv: list[str]) -> int:
     if args.scale_only:
         return 0 if _scale(args.scale_requests) else 1
     trace = load_trace("azure-2023-conv")
+    if args.presets_only:
+        from kvdro.bench._common import at_least
+
+        at_least(parser, "--repeats", args.repeats, 1, "a number of timed runs >= 1")
+        return 0 if _presets(trace, args.repeats) else 1
     # load the compiled engine now: engine="fast" (engine_compiled.run_auto) is then the compiled
     # engine in every run below (a fresh process's first 50,000 requests go to the Python engine)
     _engine_only(trace.head(200), 1)
@@ -284,6 +349,8 @@ def main(argv: list[str]) -> int:
         print(f"import {imp:.2f} s; first call with an empty numba cache (compiles) {cold:.1f} s; "
               f"with the cache {cached:.2f} s; warm {warm * 1e3:.2f} ms")
 
+    ok_presets = _presets(trace, args.repeats)
+
     if args.sweeps or args.regimes:
         from kvdro.sim.studies import PARTS, write_all
 
@@ -293,4 +360,4 @@ def main(argv: list[str]) -> int:
         print(f"sweeps regenerated in {time.perf_counter() - start:,.0f} s (one process)")
     if args.scale:
         ok_linear &= _scale(args.scale_requests)
-    return 0 if ok_speed and ok_same and ok_gain and ok_linear else 1
+    return 0 if ok_speed and ok_same and ok_gain and ok_linear and ok_presets else 1
