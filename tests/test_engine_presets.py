@@ -114,12 +114,14 @@ def test_request_max_new_modes():
     assert request_max_new("policy", room=room, true_output=true, eta=np.array([0.2, 0.0, 1e300])).tolist() == [1, 1, 5]
 
 
-def test_plan_refuses_max_new(tmp_path, capsys):
+def test_plan_refuses_a_bad_max_new(tmp_path, capsys):
     from kvdro.__main__ import main
 
     plan = tmp_path / "plan.json"
     plan.write_text("{}")
-    assert main(["simulate", "--plan", str(plan), "--max-new", "10", "--quiet"]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse names the flag
+        main(["simulate", "--plan", str(plan), "--max-new", "0", "--quiet"])
+    assert exc.value.code == 2
     assert "--max-new" in capsys.readouterr().err
 
 

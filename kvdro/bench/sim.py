@@ -265,11 +265,11 @@ def main(argv: list[str]) -> int:
         parser.error(f"--scale-requests: need at least 16 requests, got {args.scale_requests}")
     if args.scale_only:
         return 0 if _scale(args.scale_requests) else 1
+    from kvdro.bench._common import at_least
+
+    at_least(parser, "--repeats", args.repeats, 1, "a number of timed runs >= 1")
     trace = load_trace("azure-2023-conv")
     if args.presets_only:
-        from kvdro.bench._common import at_least
-
-        at_least(parser, "--repeats", args.repeats, 1, "a number of timed runs >= 1")
         return 0 if _presets(trace, args.repeats) else 1
     # load the compiled engine now: engine="fast" (engine_compiled.run_auto) is then the compiled
     # engine in every run below (a fresh process's first 50,000 requests go to the Python engine)
@@ -278,9 +278,6 @@ def main(argv: list[str]) -> int:
         print(f"[FAIL] the conversation trace has {len(trace):,} requests, expected {N_CONV:,}")
         return 1
     tp2 = default_deployment(config="TP2-PP1")
-    from kvdro.bench._common import at_least
-
-    at_least(parser, "--repeats", args.repeats, 1, "a number of timed runs >= 1")
     cases = [
         ("vllm", "soft", "2 x TP4-PP1", None, 1.0),
         ("dro", "soft", "2 x TP4-PP1", None, 1.0),

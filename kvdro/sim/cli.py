@@ -27,7 +27,7 @@ a request longer than it ends there and is counted as capped. With another prese
 ``--plan plan.json`` (:mod:`kvdro.sim.plan`) serves a plan of ``python -m kvdro solve --json`` on its
 instance's test half, or on ``--trace`` (a registry trace of the instance's families is split into
 its sub-classes by prompt length). It honours ``--trace``, ``--scale``, ``--engine``,
-``--reservation``, ``--schedule``, ``--max-model-len``, ``--seed``, ``--json``, ``--breakdown`` and
+``--implementation``, ``--max-new`` (``policy``: each class's planned eta_i), ``--reservation``, ``--schedule``, ``--max-model-len``, ``--seed``, ``--json``, ``--breakdown`` and
 ``--quiet``, and refuses (exit 2, naming the flag) ``--policy``, ``--rho``, ``--config`` and
 ``--groups``, which the plan fixes. A progress bar goes to stderr. Exit status 0 on success, 2 on bad input.
 """
@@ -138,10 +138,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvdro simulate: --seed: must be a non-negative integer, got {args.seed}", file=sys.stderr)
         return 2
     if args.plan is not None:
-        if args.max_new != "unset" or args.implementation is not None:  # the plan path does not carry them
-            flag = "--max-new" if args.max_new != "unset" else "--implementation"
-            print(f"kvdro simulate: {flag}: not available with --plan", file=sys.stderr)
-            return 2
         return _run_plan(args)
     if args.rho is None:
         args.rho = 10.0
@@ -191,7 +187,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     """``simulate --plan plan.json``: the plan on its instance's test half (or ``--trace``), JSON with
     the metric keys plus ``e2e_mean_s``, ``observed`` and the plan's ``predicted``. The flags a plan
     fixes (:data:`kvdro.sim.plan.FIXED_BY_PLAN`) are refused with exit 2; ``--scale``, ``--engine``,
-    ``--reservation``, ``--schedule``, ``--max-model-len`` and ``--seed`` are honoured."""
+    ``--implementation``, ``--max-new`` (``policy``: the plan's eta_i), ``--reservation``, ``--schedule``,
+    ``--max-model-len`` and ``--seed`` are honoured."""
     import numpy as np
 
     from kvdro.sim.plan import FIXED_BY_PLAN, simulate_plan
@@ -215,6 +212,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         trace = None if args.trace is None else load_trace_arg(args.trace)
         settings = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         result, summary = simulate_plan(plan, trace, seed=args.seed, scale=args.scale, engine=args.engine,
+                                        implementation=args.implementation, max_new=args.max_new,
                                         reservation=args.reservation, schedule=args.schedule,
                                         progress=not args.quiet, **settings)
     except (ValueError, FileNotFoundError) as exc:
@@ -229,7 +227,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(strict_json(out, prog="kvdro simulate", indent=2))
         return 0
     o, p = summary["observed"], summary["predicted"] or {}
-    print(f"plan {args.plan}: {summary['deployment']} ({args.reservation}, {args.schedule}, engine {args.engine}"
+    print(f"plan {args.plan}: {summary['deployment']} ({args.reservation}, {args.schedule}, engine {summary['engine']}, "
+          f"max_new {summary['max_new']}"
           + (f", arrival rate x {args.scale:g}" if args.scale != 1.0 else "") + ")")
     for key in ("e2e_mean_s", "goodput_rps", "kv_utilisation_mean"):
         pv = p.get(key)

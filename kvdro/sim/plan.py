@@ -24,9 +24,11 @@ long sub-class by the input-length edges the instance was built with (the whole 
 other class is refused with a ValueError saying how to map it.
 
 What the plan fixes -- the policy (``dro`` with the plan's buffers), the cost ratio rho = c_p / c_w,
-the configurations and the number of groups -- cannot be changed here; the engine, the reading of a
-reservation (soft / hard), the queue order, the context window, the routing seed and a multiplier
-of the arrival rate (``scale``) can (``python -m kvdro simulate --plan`` refuses the former flags
+the configurations and the number of groups -- cannot be changed here; the engine (and its
+implementation), the ``max_new_tokens`` requests carry (``"policy"``: the plan's own eta_i, the
+paper's reservation inside an engine that reserves against it), the reading of a reservation
+(soft / hard), the queue order, the context window, the routing seed and a multiplier of the
+arrival rate (``scale``) can (``python -m kvdro simulate --plan`` refuses the former flags
 with exit 2, :data:`FIXED_BY_PLAN`).
 """
 
@@ -125,13 +127,17 @@ def match_plan_classes(trace: pd.DataFrame, instance) -> pd.DataFrame:
 
 
 def simulate_solution(instance, solution, trace: pd.DataFrame, *, seed: int = 0, engine: str = "fast",
-                      reservation: str = "soft", schedule: str = "fcfs", progress: bool = False,
-                      **settings) -> SimResult:
+                      implementation: str | None = None, max_new: str | int = "unset", reservation: str = "soft",
+                      schedule: str = "fcfs", progress: bool = False, **settings) -> SimResult:
     """Serve ``trace`` with the plan ``solution`` of ``instance``: its deployment, routing, caching
     and buffers (policy ``dro`` with the plan's buffers) and the instance's costs.
 
-    ``engine``, ``reservation``, ``schedule`` and ``progress`` go to :func:`kvdro.sim.simulate`;
-    ``settings`` (e.g. ``max_model_len``) to the :class:`~kvdro.sim.Deployment`.
+    ``engine``, ``implementation``, ``max_new``, ``reservation``, ``schedule`` and ``progress`` go to
+    :func:`kvdro.sim.simulate`; ``settings`` (e.g. ``max_model_len``) to the
+    :class:`~kvdro.sim.Deployment`. With ``max_new="policy"`` each request carries its class's planned
+    reservation eta_i as ``max_new_tokens`` (rounded up): the plan inside an engine that reserves
+    against ``max_new`` (TensorRT-LLM, LightLLM, SGLang), its under-reservations capped
+    (:mod:`kvdro.sim.engine_choice`); ``"policy-soft"`` reserves eta_i without capping.
 
     Raises:
         ValueError: a decision that does not fit ``instance`` (:meth:`kvdro.joint.Solution.check`).
@@ -144,7 +150,8 @@ def simulate_solution(instance, solution, trace: pd.DataFrame, *, seed: int = 0,
     return simulate(trace, policy="dro", buffers=buffers_from_solution(instance, solution),
                     deployment=deployment_from_solution(instance, solution, **settings), rho=instance.c_p / instance.c_w,
                     costs=costs, rng=np.random.default_rng([int(seed), 4]), deadline="class", engine=engine,
-                    reservation=reservation, schedule=schedule, progress=progress)
+                    implementation=implementation, max_new=max_new, reservation=reservation, schedule=schedule,
+                    progress=progress)
 
 
 def observed(instance, result: SimResult) -> dict:
@@ -189,7 +196,8 @@ def simulate_plan(plan: Mapping, trace: pd.DataFrame | None = None, *, seed: int
     """Simulate a plan document (module docstring) on ``trace`` (default: the instance's test half).
 
     ``scale`` multiplies the trace's arrival rate (``arrival_s / scale``); ``run`` goes to
-    :func:`simulate_solution` (``engine``, ``reservation``, ``schedule``, ``progress``, ``max_model_len``).
+    :func:`simulate_solution` (``engine``, ``implementation``, ``max_new``, ``reservation``, ``schedule``,
+    ``progress``, ``max_model_len``).
 
     Returns (result, summary): ``summary`` holds ``observed`` beside the plan's ``predicted`` (made
     for the instance's own load: with ``scale`` != 1 or another trace they answer different traffic).
@@ -247,5 +255,6 @@ def simulate_plan(plan: Mapping, trace: pd.DataFrame | None = None, *, seed: int
     result = simulate_solution(instance, solution, trace, seed=seed, **run)
     summary = {"observed": observed(instance, result), "predicted": plan.get("predicted"),
                "deployment": result.deployment.describe(), "scale": float(scale),
-               "reservation": run.get("reservation", "soft"), "schedule": run.get("schedule", "fcfs")}
+               "reservation": run.get("reservation", "soft"), "schedule": run.get("schedule", "fcfs"),
+               "engine": result.engine, "implementation": result.implementation, "max_new": result.max_new}
     return result, summary
