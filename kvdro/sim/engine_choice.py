@@ -4,7 +4,9 @@
 :mod:`kvdro.sim.engines` (``"vllm-v0"``, the default, ``"vllm-v1"``, ``"sglang"``, ``"trtllm-gne"``,
 ``"trtllm-maxutil"``, ``"lightllm"``); ``implementation=`` says which code executes them:
 ``"fast"`` (compiled event jumps), ``"fast-python"`` or ``"reference"`` (step by step) for
-``vllm-v0``; the other presets run on their reference engine (:mod:`kvdro.sim.engine_presets`).
+``vllm-v0``; the other presets run ``"fast"`` -- their compiled implementation
+(:mod:`kvdro.sim.presets_compiled`), the default once a preset has one -- or ``"reference"``, the
+step-by-step specification (:mod:`kvdro.sim.engine_presets`), with identical results.
 Before the presets, ``engine=`` took the implementation; ``engine="fast"`` (or ``"fast-python"``,
 ``"reference"``) still works and means ``engine="vllm-v0"`` with that implementation.
 
