@@ -38,7 +38,7 @@ $(WARM): $(STAMP) kvdro/sim/_engine_kernels.py
 
 install: $(WARM)
 
-# The course kit (chapter 12): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
+# The course kit (chapter 13): for each book/assignments/<name>.md, _build/assignments/<name>/student/ and
 # autograder/ as `otter assign` lays them out. The book links the student notebooks, so `book` needs it.
 ASSIGNMENT_SOURCES := $(wildcard book/assignments/*.md) book/assignments/build.py $(wildcard book/assignments/kit_*.py) $(shell find kvdro -name '*.py')
 _build/assignments/index.json: $(STAMP) $(ASSIGNMENT_SOURCES)
@@ -68,7 +68,7 @@ book-student: book
 	$(BIN)/python book/assignments/publish.py --student --config $(STUDENT_CONFIG) --toc $(STUDENT_TOC) --html _build/student/html --kit _build/assignments
 	! grep -rl '{solution}\|solution-start' _build/student/
 	! grep -rlF -e 'git", "clone"' -e '/v2/gh/kvdro/kvdro/main' -e 'colab.research.google.com/github/kvdro/kvdro/blob/main' _build/student/html
-	test ! -e _build/student/html/book/12_teaching.html && test ! -e _build/student/html/book/teaching
+	test ! -e _build/student/html/book/13_teaching.html && test ! -e _build/student/html/book/teaching
 	@du -sh _build/student/html
 
 # The whole book as one PDF: every page of the built book (make book) printed by headless Chromium with

@@ -152,12 +152,14 @@ def enable() -> None:
 
 #: The policies of the headroom map whose goodput gain over vLLM :func:`headroom_chart` shows.
 HEADROOM_ARMS = ("oracle", "exact", "best", "dro")
+#: How the chart names them: ``oracle`` is the FCFS no-preemption look-ahead (the CLI keeps the name).
+ARM_LABELS = {"oracle": "look-ahead", "exact": "exact", "best": "best soft", "dro": "DRO"}
 
 
 def headroom_chart(frame, *, arms: tuple[str, ...] = HEADROOM_ARMS, threshold: float = 0.05):
     """The headroom map (``data/headroom.csv``, :mod:`kvdro.experiments.headroom`): one row per
     (workload, deployment), one column per load; each cell coloured by the largest goodput gain over
-    vLLM of the policies ``arms`` (``{arm}_goodput_gain``: the oracle, exact pre-allocation, the best
+    vLLM of the policies ``arms`` (``{arm}_goodput_gain``: the look-ahead, exact pre-allocation, the best
     soft reservation, DRO) that lies beyond noise (its paired interval, ``{arm}_goodput_gain_lo`` > 0;
     otherwise 0), labelled with it in %; cells whose queue grows (``stable`` False) are faded. The
     colour bins put ``threshold`` (5 %) on a boundary."""
@@ -172,7 +174,7 @@ def headroom_chart(frame, *, arms: tuple[str, ...] = HEADROOM_ARMS, threshold: f
     # a gain counts only beyond noise: its paired 95 % interval lies above zero (else 0)
     gains = pd.DataFrame({f"{a}_goodput_gain": f[f"{a}_goodput_gain"].where(f[f"{a}_goodput_gain_lo"] > 0, 0.0) for a in arms})
     f["best gain"] = gains.max(axis=1)
-    f["by"] = gains.idxmax(axis=1).str.replace("_goodput_gain", "", regex=False)
+    f["by"] = gains.idxmax(axis=1).str.replace("_goodput_gain", "", regex=False).map(lambda a: ARM_LABELS.get(a, a))
     f["label"] = (100 * f["best gain"]).round().astype(int).map(lambda v: f"{v:+d}")
     f["queue"] = f["stable"].map({True: "stable", False: "growing"})
     short = f["deployment"].str.replace("-PP1", "", regex=False).str.replace(" x ", "×", regex=False).str.replace(" + ", "+", regex=False)
@@ -192,7 +194,7 @@ def headroom_chart(frame, *, arms: tuple[str, ...] = HEADROOM_ARMS, threshold: f
         opacity=alt.Opacity("queue:N", scale=alt.Scale(domain=["stable", "growing"], range=[1.0, 0.35]),
                             legend=alt.Legend(orient="bottom", title="queue")),
         tooltip=["workload", "deployment", "load", "queue", alt.Tooltip("best gain:Q", format="+.1%"), "by",
-                 *[alt.Tooltip(f"{a}_goodput_gain:Q", format="+.1%", title=a) for a in arms]])
+                 *[alt.Tooltip(f"{a}_goodput_gain:Q", format="+.1%", title=ARM_LABELS.get(a, a)) for a in arms]])
     text = base.mark_text(fontSize=10).encode(text="label:N")
     return alt.layer(cells, text).properties(width=WIDTH, height=20 * len(rows),
                                              title="Largest goodput gain over vLLM beyond noise (%); faded: the queue grows")

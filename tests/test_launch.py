@@ -147,7 +147,7 @@ def test_built_chapters_launch_on_colab_from_the_published_copy():
 
 def test_built_teaching_page_links_the_assignments_on_colab_and_for_download():
     html = built()
-    page = html / "book" / "12_teaching.html"
+    page = html / "book" / "13_teaching.html"
     links = _links(page)
     for name in ASSIGNMENTS:
         target = f"notebooks/assignments/{name}.ipynb"
@@ -182,11 +182,11 @@ def test_student_edition_has_no_instructor_page(tmp_path):
     _, toc_path = publish.student_build_files(tmp_path)
     docs = publish.student_docs(toc_path)
     assert "book/intro" in (toc_path.read_text()) and "book/02_newsvendor" in docs
-    instructor = [d for d in docs if d == "book/12_teaching" or d.startswith("book/teaching/")]
+    instructor = [d for d in docs if d == "book/13_teaching" or d.startswith("book/teaching/")]
     assert instructor == [], instructor
     full = publish.student_docs(ROOT / "_toc.yml")
-    assert "book/12_teaching" in full, "the full edition keeps the guide"
-    assert set(docs) == set(full) - {d for d in full if d == "book/12_teaching" or d.startswith("book/teaching/")}
+    assert "book/13_teaching" in full, "the full edition keeps the guide"
+    assert set(docs) == set(full) - {d for d in full if d == "book/13_teaching" or d.startswith("book/teaching/")}
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_student_notebooks_have_no_solution_and_the_wheel_only_kvdro(published_s
     html, written = published_student
     notebooks = [p for p in written.values() if p.suffix == ".ipynb"]
     assert len(notebooks) >= 8
-    assert not any("12_teaching" in str(p) or "/teaching/" in str(p) for p in notebooks), "an instructor page"
+    assert not any("13_teaching" in str(p) or "/teaching/" in str(p) for p in notebooks), "an instructor page"
     leaks = [p.name for p in notebooks if re.search(r"\{solution\}|solution-start", p.read_text())]
     assert leaks == [], f"solutions in the student notebooks: {leaks}"
     url = _build_module().wheel_url(REPO_URL)
@@ -331,7 +331,7 @@ def test_built_student_site_has_no_solution_anywhere():
     assert links and all("/blob/gh-pages-student/notebooks/" in u for u in links), links
     binder = re.findall(r'https://mybinder\.org/[^"]+', page)
     assert all("/gh-pages-student?urlpath=lab/tree/notebooks/" in u for u in binder), binder
-    assert not (root / "html" / "book" / "12_teaching.html").exists() and not (root / "html" / "book" / "teaching").exists()
+    assert not (root / "html" / "book" / "13_teaching.html").exists() and not (root / "html" / "book" / "teaching").exists()
     clones = subprocess.run(["grep", "-rlF", 'git", "clone"', str(root / "html")], capture_output=True, text=True)
     assert clones.stdout == "", f"a cell that clones the repository:\n{clones.stdout}"
 

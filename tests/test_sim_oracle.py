@@ -37,7 +37,7 @@ def test_oracle_names():
     assert ORACLE_POLICIES == ("oracle", "exact")
     assert ALL_POLICIES == POLICIES + ORACLE_POLICIES
     assert not set(ORACLE_POLICIES) & set(POLICIES)  # the sweeps over POLICIES are unchanged
-    assert DISPLAY_NAMES["oracle"] == "Oracle" and DISPLAY_NAMES["exact"] == "Exact"
+    assert DISPLAY_NAMES["oracle"] == "Look-ahead" and DISPLAY_NAMES["exact"] == "Exact"
     tr = toy_trace(np.random.default_rng(0), n=50)
     assert policy_buffers("oracle", tr, rho=10) == {} and policy_buffers("exact", tr, rho=10) == {}
 

@@ -58,11 +58,12 @@ RESERVATION_POLICIES: tuple[str, ...] = POLICIES[1:]
 ORACLE_POLICIES: tuple[str, ...] = ("oracle", "exact")
 #: Every policy name the simulator accepts.
 ALL_POLICIES: tuple[str, ...] = POLICIES + ORACLE_POLICIES
-#: How tables and charts name the policies (the CLI keeps the names above). "LP+1σ"/"LP+2σ" are the
+#: How tables and charts name the policies (the CLI keeps the names above; `oracle` is shown as what it is, the
+#: FCFS no-preemption look-ahead). "LP+1σ"/"LP+2σ" are the
 #: paper's length-predictor baselines, not chapter 6's linear programs LP1/LP2.
 DISPLAY_NAMES: dict[str, str] = {"vllm": "vLLM", "max": "Max", "mean": "Mean", "p90": "P90", "p95": "P95", "p99": "P99",
                                  "saa": "SAA", "dro": "DRO", "lp1": "LP+1σ", "lp2": "LP+2σ",
-                                 "oracle": "Oracle", "exact": "Exact"}
+                                 "oracle": "Look-ahead", "exact": "Exact"}
 
 _QUANTILES = {"p90": 0.90, "p95": 0.95, "p99": 0.99}
 
