@@ -11,6 +11,23 @@ runs on its step-by-step reference engine: ~0.5-2.5 min per arm here, ~25 min in
 
 ``--write`` stores the table in ``data/engine_presets.csv`` with its manifest; ``--engines`` and
 ``--max-new`` restrict the grid (a restricted run is printed as such and never written).
+
+``--cell long-output`` runs the same arms at the **long-output cell** (issue 32's second Must-show
+point), the atlas's R1 cell on A100 (:func:`kvdro.experiments.atlas.cells`): ServeGen's DeepSeek-R1
+reasoning workload on R1-Distill-Llama-70B, 2 x TP4-PP1 of A100-80GB (a deployment that fits its
+131,072-token window), at the load the regime rule picks from ``data/regimes_workloads.csv``
+(no memory-bound stable cell there, so the stable cell with the highest KV use: 1/16 of the
+production rate). The reference engines are too slow for the hour at that load (69,333 requests
+over 16 h of serving), so it plays a **contiguous window**, the hour's first
+:data:`kvdro.experiments.atlas.R1_WINDOW_S` seconds, at that load (the CSV's ``window_s``). Its
+client cap is the DeepSeek API's default ``max_tokens`` for its reasoner, 32,768 (1,000 would cut
+half the reasoning outputs). DRO is fitted in sample, as at the primary point. Goodput divides by each run's own horizon (first
+arrival to last completion), which a few 30,000-token reasoning outputs stretch: an arm that caps
+them ends sooner, so its goodput can rise while it serves fewer requests. This cell therefore also
+reports ``served_in_deadline`` and its paired change against ``vllm-v1`` (``served_vs_v1_pct``, the
+same arrivals: a change of goodput over the common arrival span). ``--write`` stores it
+in ``data/engine_presets_long.csv`` (a file of its own: chapter 7 reads ``engine_presets.csv`` keyed
+by (engine, max_new)), with the implementation that ran each arm.
 """
 
 from __future__ import annotations
@@ -25,24 +42,26 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data"
 CACHE = DATA / "engine_presets.csv"
+LONG_CACHE = DATA / "engine_presets_long.csv"
 KEY = ("engine", "max_new")
+CELLS = ("primary", "long-output")
 #: The max_new arms, in the table's order.
 ARMS: tuple[str, ...] = ("unset", "1000", "policy", "policy-soft", "true")
 BASELINE = ("vllm-v1", "unset")
 LOAD, CONFIG, TRACE, RHO = 0.7, "TP2-PP1", "azure-2023-conv", 10.0
 
 
-def _arm(trace: pd.DataFrame, dep, engine: str, max_new: str) -> tuple[dict, np.ndarray, float]:
+def _arm(trace: pd.DataFrame, dep, engine: str, max_new: str, cap: int = 1000) -> tuple[dict, np.ndarray, float]:
     from kvdro.sim import simulate
 
-    mn: str | int = int(max_new) if max_new.isdigit() else max_new
+    mn: str | int = cap if max_new == "1000" else max_new
     policy = "dro" if max_new.startswith("policy") else "vllm"
     start = time.perf_counter()
     r = simulate(trace, policy=policy, deployment=dep, rng=np.random.default_rng(0), engine=engine, max_new=mn, rho=RHO)
     q = r.requests
     ok = q["outcome"].isin(["completed", "truncated"]).to_numpy() & (q["e2e_s"].to_numpy() <= q["deadline_s"].to_numpy())
     m = r.metrics
-    row = {"engine": engine, "max_new": max_new, "goodput_rps": m["goodput_rps"], "ttft_p99_s": m["ttft_p99_s"],
+    row = {"engine": engine, "max_new": str(mn), "implementation": r.implementation, "goodput_rps": m["goodput_rps"], "ttft_p99_s": m["ttft_p99_s"],
            "e2e_p99_s": m["e2e_p99_s"], "preemptions": m["preemptions"], "capped": m.get("capped", 0),
            "completed": m["completed"], "ignored": m["ignored"], "kv_use_mean": m["kv_utilisation_mean"],
            "kv_use_peak": float(r.engines["kv_use_peak"].max()), "wall_s": time.perf_counter() - start}
@@ -62,17 +81,22 @@ def paired_interval(ok: np.ndarray, horizon: float, ok_base: np.ndarray, horizon
     return float((ok.sum() / horizon / base - 1) * 100), float(lo), float(hi)
 
 
+def long_output_cell():
+    """The long-output cell (module docstring): the atlas's R1 cell on A100."""
+    from kvdro.experiments import atlas
+
+    return next(c for c in atlas.cells(["r1"]) if c.gpu == "a100-80gb")
+
+
 def main(argv: list[str] | None = None) -> int:
-    from kvdro.datasets import load_trace
-    from kvdro.sim import default_deployment
     from kvdro.sim.engine_choice import SOFT_ENGINES
     from kvdro.sim.engines import ENGINES
-    from kvdro.sim.regimes import at_load
 
     ap = argparse.ArgumentParser(prog="python -m kvdro.bench presets", description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated presets (default: all)")
     ap.add_argument("--max-new", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})")
-    ap.add_argument("--write", action="store_true", help="write data/engine_presets.csv (full grid only)")
+    ap.add_argument("--cell", default="primary", choices=CELLS, help="the primary memory point or the long-output cell")
+    ap.add_argument("--write", action="store_true", help="write the cell's table under data/ (full grid only)")
     args = ap.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     arms = [a for a in args.max_new.split(",") if a]
@@ -84,21 +108,38 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [(e, a) for e in engines for a in arms if a != "policy-soft" or e in SOFT_ENGINES]
     if BASELINE not in pairs:  # the intervals are against it
         pairs.insert(0, BASELINE)
-    trace = at_load(load_trace(TRACE), LOAD)
-    dep = default_deployment(config=CONFIG)
-    print(f"{TRACE} ({len(trace):,} requests) at load {LOAD}, {dep.describe()}"
-          + ("" if full else "  [REDUCED grid: not the full table]"))
+    if args.cell == "primary":
+        from kvdro.datasets import load_trace
+        from kvdro.sim import default_deployment
+        from kvdro.sim.regimes import at_load
+
+        trace, dep, cap, extra = at_load(load_trace(TRACE), LOAD), default_deployment(config=CONFIG), 1000, {}
+        where = f"{TRACE} ({len(trace):,} requests) at load {LOAD}, {dep.describe()}"
+    else:
+        from kvdro.experiments import atlas
+
+        cell = long_output_cell()
+        trace, _, dep = atlas.cell_inputs(cell)
+        cap = atlas.CLIENT_CAP[cell.workload]
+        extra = {"cell": "long-output", "workload": "servegen-r1", "model": cell.model, "gpu": cell.gpu,
+                 "deployment": cell.deployment, "load": cell.load, "rule": cell.rule, "window_s": cell.window_s}
+        where = (f"servegen-r1, the first {cell.window_s:g} s of the hour (a contiguous window; {len(trace):,} requests) "
+                 f"at load {cell.load:g} (rule: {cell.rule}), {cell.model}, {dep.describe()} of {cell.gpu}; client cap {cap:,}")
+    print(where + ("" if full else "  [REDUCED grid: not the full table]"))
     rows, oks = [], {}
     for engine, arm in pairs:
-        row, ok, horizon = _arm(trace, dep, engine, arm)
-        oks[(engine, arm)] = (ok, horizon)
+        row, ok, horizon = _arm(trace, dep, engine, arm, cap)
+        oks[(engine, row["max_new"])] = (ok, horizon)
         rows.append(row)
-        print(f"  {engine:<15} {arm:<12} goodput {row['goodput_rps']:.3f} req/s, preemptions {row['preemptions']:,}, "
-              f"capped {row['capped']:,} ({row['wall_s']:.0f} s)", flush=True)
+        print(f"  {engine:<15} {row['max_new']:<12} goodput {row['goodput_rps']:.3f} req/s, preemptions {row['preemptions']:,}, "
+              f"capped {row['capped']:,} [{row['implementation']}] ({row['wall_s']:.0f} s)", flush=True)
     ok_b, h_b = oks[BASELINE]
     for row in rows:
         ok, h = oks[(row["engine"], row["max_new"])]
         row["goodput_vs_v1_pct"], row["ci_low_pct"], row["ci_high_pct"] = paired_interval(ok, h, ok_b, h_b)
+        if args.cell != "primary":  # the same arrivals: the count served in time, without each run's own horizon
+            row["served_in_deadline"] = int(ok.sum())
+            row["served_vs_v1_pct"], row["served_ci_low_pct"], row["served_ci_high_pct"] = paired_interval(ok, 1.0, ok_b, 1.0)
     frame = pd.DataFrame(rows)
     print(frame.drop(columns=["completed", "ignored"]).to_string(index=False, float_format=lambda v: f"{v:,.3g}"))
     if args.write:
@@ -108,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         from kvdro.cachefile import ensure_writable, write_csv_atomic
 
         ensure_writable(DATA, f"{DATA} (where this benchmark writes its table)")
-        path = write_csv_atomic(frame.drop(columns=["wall_s"]), CACHE, key=KEY, decimals=6)
+        if args.cell == "primary":
+            path = write_csv_atomic(frame.drop(columns=["wall_s"]), CACHE, key=KEY, decimals=6)
+        else:
+            out = frame.drop(columns=["wall_s"]).assign(**extra)
+            out = out[list(extra) + [c for c in out.columns if c not in extra]]
+            path = write_csv_atomic(out, LONG_CACHE, key=KEY, decimals=6)
         print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

@@ -1,0 +1,380 @@
+"""The atlas: what knowing the output length is worth, engine by engine (issue 34, items 1 and 2).
+
+**Cells** (:func:`cells`): workload x (model, GPU) x deployment x load, each chosen *before any
+atlas run* by a rule written here and applied to a cached regime map made under vLLM v0's policy:
+
+* the Llama-2-70B / A100 workloads of the headroom map (``data/headroom.csv``, chapter 8: the Azure
+  2023 conversation and code traces and ShareGPT, each on its **test half**, buffers fitted on the
+  training half: :func:`kvdro.experiments.headroom.workload_halves`);
+* the workloads of issue 33's map (``data/regimes_workloads.csv``): Mooncake conversation on
+  Llama-3.1-70B, the ServeGen DeepSeek-R1 reasoning workload on R1-Distill-Llama-70B, and the Azure
+  conversation trace on Llama-2-7B (no grouped-query attention), each on A100-80GB and H100-80GB,
+  played whole as the map played them (the estimates fitted in sample, on the same trace: an
+  optimistic reading of a deployable estimate, said in the ``fit`` column). The R1 hour is cut to
+  its first :data:`R1_WINDOW_S` seconds (a contiguous window, played at the map's load; the map
+  itself ran the whole hour).
+
+The rule (:func:`pick_point`), per (workload, model, GPU), over every deployment and load of its
+map: **"memory-bound, stable"** -- the cells where vLLM preempts with mean KV use >= 60 % and the
+queue drains (:func:`kvdro.sim.regimes.memory_bound_stable`), the one with the lowest SLO violation
+(ties: the lower load), chapter 8's rule for its primary point; where the map has none, **"stable,
+highest KV"** -- the stable cell with the highest mean KV use (ties: the lower load): the most
+memory pressure the deployment carries while its queue still drains. The rule's name is in every
+row (``rule``). (Model, GPU) pairs without a regime map (Llama-2-70B on H100) are not in the atlas.
+
+**Engines** :data:`ENGINES` (the presets of :mod:`kvdro.sim.engines`) and **arms** (:data:`ARMS`):
+
+* ``default`` -- the engine as shipped, ``max_new`` unset (window - prompt);
+* ``client-cap`` -- a realistic client ``max_new_tokens`` (:data:`CLIENT_CAP`: 1,000 tokens for the
+  chat and code workloads; 32,768 for R1, the DeepSeek API's default ``max_tokens`` for its reasoner);
+* ``saa``, ``dro``, ``p90``, ``p95``, ``p99`` -- the paper's per-class estimates (rho = 10, DRO at
+  eps = 0.15 E[xi]) as ``max_new``: a cap, so a request that outgrows it ends there and is counted
+  ``capped``, **not served**;
+* ``saa-soft`` ... ``p99-soft`` -- the same estimates reserved against while the request may grow
+  (``max_new="policy-soft"``: SGLang and LightLLM); for ``vllm-v0`` its own soft reservation
+  (the policy with ``max_new`` unset);
+* ``true`` -- the true output length as ``max_new`` (the in-engine reservation at the true length);
+* ``vllm-v0`` only: ``look-ahead`` (the FCFS no-preemption look-ahead with the true lengths, the
+  simulator's ``policy="oracle"``), ``sof-true`` (shortest-output-first on the true lengths,
+  ``schedule="sof"``) and ``look-ahead+sof``.
+
+Per run (:func:`run_arm`): goodput (requests served within their own deadline D = 2 s + 0.1 s x xi,
+per second of the run's horizon: the simulator's ``goodput_rps``) and the count it divides
+(``served_in_deadline``), SLO attainment, P99 TTFT and end-to-end time, preemptions (or
+retractions), capped requests, mean and peak KV use, and which implementation ran it
+(``implementation``: ``fast`` compiled, ``reference`` step by step). Per family
+(:func:`compare`): each arm's goodput against its engine's ``default`` and against ``vllm-v1``'s
+``default``, paired (the same arrivals and routing draw), with 95 % moving-block bootstrap
+intervals over :data:`kvdro.experiments.uncertainty.N_BLOCKS` time blocks
+(:func:`kvdro.experiments.uncertainty.change`). The paired change is of ``served_in_deadline``:
+the same arrivals, so it is the change of goodput over their common span, and a run's own horizon
+(stretched by its last long output, shortened when a cap cuts it) does not enter; the difference
+is reported in requests per second of that span (``span_s``).
+
+**The value of length knowledge** (:func:`length_value`, item 2), per engine and cell: the best
+goodput (requests served in time over the same arrivals) among that engine's arms that use the
+true lengths (:data:`TRUE_LENGTH_ARMS`) minus its ``default``'s -- **a lower bound on what knowing the lengths is worth** (only the policies tried
+here; another policy with the same knowledge may do better) -- with the paired interval of the
+chosen arm against the default (chosen on the point estimate, so the interval is optimistic), and
+the share of it each deployable estimate recovers, (g_estimate - g_default) / (g_best_true -
+g_default), reported only where the bound is positive.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvdro.experiments import uncertainty as unc
+
+__all__ = ["ENGINES", "FAMILIES", "ARMS", "Arm", "Cell", "TRUE_LENGTH_ARMS", "ESTIMATE_ARMS", "CLIENT_CAP",
+           "R1_WINDOW_S", "RHO", "pick_point", "cells", "arms_for", "tasks", "cell_inputs", "run_arm", "compare",
+           "length_value", "check_families", "check_engines"]
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+#: The engine presets of the atlas, vllm-v0 first (:data:`kvdro.sim.engines.ENGINES`).
+ENGINES: tuple[str, ...] = ("vllm-v0", "vllm-v1", "sglang", "trtllm-gne", "trtllm-maxutil", "lightllm")
+#: The reservation policies' cost ratio rho = c_p / c_w (the paper's 10).
+RHO = 10.0
+#: The R1 workload: the first seconds of ServeGen's hour the atlas plays (a contiguous window).
+R1_WINDOW_S = 300.0
+#: A realistic client ``max_new_tokens`` per workload [tokens] (module docstring).
+CLIENT_CAP: dict[str, int] = {"conversation": 1000, "code": 1000, "sharegpt": 1000, "mooncake": 1000,
+                              "conversation-7b": 1000, "r1": 32768}
+
+#: Atlas workload -> (family, map, the map's workload name, model, GPUs).
+_WORKLOADS: dict[str, tuple[str, str, str, str, tuple[str, ...]]] = {
+    "conversation": ("conversation", "headroom", "conversation", "llama-2-70b", ("a100-80gb",)),
+    "conversation-7b": ("conversation", "regimes_workloads", "azure-conv-7b", "llama-2-7b", ("a100-80gb", "h100-80gb")),
+    "code": ("code", "headroom", "code", "llama-2-70b", ("a100-80gb",)),
+    "sharegpt": ("sharegpt", "headroom", "sharegpt", "llama-2-70b", ("a100-80gb",)),
+    "mooncake": ("mooncake", "regimes_workloads", "mooncake-conv", "llama-3.1-70b", ("a100-80gb", "h100-80gb")),
+    "r1": ("r1", "regimes_workloads", "r1", "deepseek-r1-distill-llama-70b", ("a100-80gb", "h100-80gb")),
+}
+#: Family -> its atlas workloads (one cached CSV per family).
+FAMILIES: dict[str, tuple[str, ...]] = {}
+for _w, (_f, *_rest) in _WORKLOADS.items():
+    FAMILIES.setdefault(_f, ())
+    FAMILIES[_f] += (_w,)
+
+RULE_MEMORY = "memory-bound, stable: lowest SLO violation"
+RULE_EDGE = "stable, highest KV (no memory-bound stable cell)"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: what ``simulate`` is given (``policy``, ``max_new``, ``schedule``), which engines
+    take it, and whether it reads the true lengths (``uses_true``) or is a deployable estimate."""
+
+    name: str
+    policy: str = "vllm"
+    max_new: str = "unset"
+    schedule: str = "fcfs"
+    engines: tuple[str, ...] = ENGINES
+    uses_true: bool = False
+    estimate: bool = False
+
+
+_SOFT = ("vllm-v0", "sglang", "lightllm")
+_ESTIMATES = ("saa", "dro", "p90", "p95", "p99")
+#: The arms (module docstring), in the tables' order; ``client-cap``'s max_new is :data:`CLIENT_CAP`.
+ARMS: tuple[Arm, ...] = (
+    Arm("default"),
+    Arm("client-cap", max_new="cap"),
+    *(Arm(p, policy=p, max_new="policy", estimate=True) for p in _ESTIMATES),
+    *(Arm(f"{p}-soft", policy=p, max_new="policy-soft", engines=_SOFT, estimate=True) for p in _ESTIMATES),
+    Arm("true", max_new="true", uses_true=True),
+    Arm("look-ahead", policy="oracle", engines=("vllm-v0",), uses_true=True),
+    Arm("sof-true", schedule="sof", engines=("vllm-v0",), uses_true=True),
+    Arm("look-ahead+sof", policy="oracle", schedule="sof", engines=("vllm-v0",), uses_true=True),
+)
+_ARM = {a.name: a for a in ARMS}
+#: The arms that read each request's true output length.
+TRUE_LENGTH_ARMS: tuple[str, ...] = tuple(a.name for a in ARMS if a.uses_true)
+#: The deployable estimates whose recovered share :func:`length_value` reports.
+ESTIMATE_ARMS: tuple[str, ...] = tuple(a.name for a in ARMS if a.estimate)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One atlas cell (module docstring); ``load`` multiplies the trace's own arrival rate."""
+
+    family: str
+    workload: str
+    model: str
+    gpu: str
+    deployment: str
+    load: float
+    rule: str
+    map_regime: str
+    fit: str
+    window_s: float = float("nan")
+
+    @property
+    def key(self) -> str:
+        """A short, unique name: workload, GPU, deployment and load."""
+        return f"{self.workload} {self.gpu.split('-')[0]} {self.deployment} @ {self.load:g}"
+
+
+def check_families(families) -> tuple[str, ...]:
+    """``families`` as a tuple (``None``: all); ValueError naming ``families`` for an unknown one."""
+    if families is None:
+        return tuple(FAMILIES)
+    if isinstance(families, str):
+        families = (families,)
+    out = tuple(families)
+    bad = [f for f in out if f not in FAMILIES]
+    if bad or not out:
+        raise ValueError(f"families: must be among {list(FAMILIES)}, got {list(out)!r}")
+    return out
+
+
+def check_engines(engines) -> tuple[str, ...]:
+    """``engines`` as a tuple in :data:`ENGINES` order (``None``: all); ValueError naming ``engines``."""
+    if engines is None:
+        return ENGINES
+    if isinstance(engines, str):
+        engines = (engines,)
+    out = tuple(engines)
+    bad = [e for e in out if e not in ENGINES]
+    if bad or not out:
+        raise ValueError(f"engines: must be among {list(ENGINES)}, got {list(out)!r}")
+    return tuple(e for e in ENGINES if e in out)
+
+
+def pick_point(rows: pd.DataFrame) -> tuple[pd.Series, str]:
+    """The map row the atlas runs for one (workload, model, GPU) and the rule's name (module
+    docstring). ``rows``: a classified regime map's rows (columns ``stable``, ``memory_bound``,
+    ``slo_violation``, ``kv_mean``, ``load``); ValueError if none is stable."""
+    need = ("stable", "memory_bound", "slo_violation", "kv_mean", "load")
+    missing = [c for c in need if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows: missing column(s) {missing}")
+    both = rows[rows["stable"].astype(bool) & rows["memory_bound"].astype(bool)]
+    if len(both):
+        return both.sort_values(["slo_violation", "load"], kind="stable").iloc[0], RULE_MEMORY
+    stable = rows[rows["stable"].astype(bool)]
+    if not len(stable):
+        raise ValueError("rows: no stable cell in the map")
+    return stable.sort_values(["kv_mean", "load"], ascending=[False, True], kind="stable").iloc[0], RULE_EDGE
+
+
+@functools.lru_cache(maxsize=2)
+def _map(name: str) -> pd.DataFrame:
+    from kvdro.cachefile import read_csv_checked
+
+    if name == "headroom":
+        return read_csv_checked(DATA / "headroom.csv", key=("workload", "deployment", "load"),
+                                remake="python -m kvdro.bench headroom")
+    from kvdro.experiments.workload_regimes import load_map
+
+    return load_map(DATA / "regimes_workloads.csv")
+
+
+def cells(families=None) -> list[Cell]:
+    """The atlas's cells of ``families`` (default: all), in a fixed order, each picked by
+    :func:`pick_point` from its cached regime map (module docstring)."""
+    out = []
+    for fam in check_families(families):
+        for w in FAMILIES[fam]:
+            _, map_name, mw, model, gpus = _WORKLOADS[w]
+            frame = _map(map_name)
+            for gpu in gpus:
+                rows = frame[frame["workload"] == mw]
+                if map_name == "regimes_workloads":
+                    rows = rows[rows["gpu"] == gpu]
+                row, rule = pick_point(rows)
+                out.append(Cell(family=fam, workload=w, model=model, gpu=gpu, deployment=str(row["deployment"]),
+                                load=float(row["load"]), rule=rule, map_regime=str(row["regime"]),
+                                fit="training half" if map_name == "headroom" else "in sample",
+                                window_s=R1_WINDOW_S if w == "r1" else float("nan")))
+    return out
+
+
+def arms_for(engine: str) -> tuple[Arm, ...]:
+    """The arms ``engine`` takes (:data:`ARMS`)."""
+    check_engines((engine,))
+    return tuple(a for a in ARMS if engine in a.engines)
+
+
+def tasks(cell_list: list[Cell], engines=None) -> list[tuple[Cell, str, str]]:
+    """(cell, engine, arm) for every run of ``cell_list``, in the tables' order."""
+    return [(c, e, a.name) for c in cell_list for e in check_engines(engines) for a in arms_for(e)]
+
+
+@functools.lru_cache(maxsize=4)
+def cell_inputs(cell: Cell, quick_requests: int | None = None):
+    """(test trace at the cell's load, training trace for the estimates, deployment) of ``cell``;
+    ``quick_requests`` keeps only the test trace's first requests (the reduced sweep of the tests)."""
+    from kvdro.sim.regimes import at_load
+
+    _, map_name, mw, _, _ = _WORKLOADS[cell.workload]
+    if map_name == "headroom":
+        from kvdro.experiments.headroom import workload_halves
+        from kvdro.sim import regimes
+
+        train, test = workload_halves(mw)
+        dep = regimes.deployment(cell.deployment)
+    else:
+        from kvdro.experiments import workload_regimes as wr
+
+        test = wr.workload_trace(mw)
+        if np.isfinite(cell.window_s):
+            test = test[test["arrival_s"] < cell.window_s].reset_index(drop=True)
+        train = test
+        dep = wr.deployments(mw, cell.gpu)[cell.deployment]
+    test = at_load(test, cell.load)
+    if quick_requests is not None:
+        test = test.iloc[:int(quick_requests)].reset_index(drop=True)
+    return test.reset_index(drop=True), train.reset_index(drop=True), dep
+
+
+@functools.lru_cache(maxsize=64)
+def _buffers(cell: Cell, policy: str):
+    from kvdro.sim.policies import policy_buffers
+
+    return policy_buffers(policy, cell_inputs(cell)[1], rho=RHO)
+
+
+def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = None) -> dict:
+    """Simulate one (cell, engine, arm) with routing seed 0 and measure it (module docstring): rates
+    in requests per second, times in seconds, shares in [0, 1]; ``served_blocks``: requests served
+    within their deadline per time block of the test trace (:func:`kvdro.experiments.uncertainty.encode`)."""
+    from kvdro.sim import simulate
+
+    check_engines((engine,))
+    if arm not in _ARM or engine not in _ARM[arm].engines:
+        raise ValueError(f"arm: {arm!r} is not an arm of {engine!r} ({[a.name for a in arms_for(engine)]})")
+    a = _ARM[arm]
+    test, _, dep = cell_inputs(cell, quick_requests)
+    max_new: str | int = a.max_new
+    if max_new == "cap":
+        max_new = CLIENT_CAP[cell.workload]
+    elif max_new == "policy-soft" and engine == "vllm-v0":
+        max_new = "unset"  # vLLM v0's own soft reservation (kvdro.sim.engine_choice)
+    buffers = None if a.policy in ("vllm", "oracle") else _buffers(cell, a.policy)
+    r = simulate(test, policy=a.policy, buffers=buffers, deployment=dep, rho=RHO, rng=np.random.default_rng(0),
+                 engine=engine, max_new=max_new, schedule=a.schedule)
+    q, m = r.requests, r.metrics
+    ok = q["outcome"].isin(["completed", "truncated"]).to_numpy() & (q["e2e_s"].to_numpy() <= q["deadline_s"].to_numpy())
+    blocks = unc.block_sums(unc.block_index(test["arrival_s"].to_numpy()), ok.astype(float))
+    return {"family": cell.family, "cell": cell.key, "engine": engine, "arm": arm,
+            "implementation": r.implementation, "max_new": str(max_new), "requests": int(len(test)),
+            "span_s": float(test["arrival_s"].max() - test["arrival_s"].min()),
+            "served_in_deadline": int(ok.sum()), "goodput_rps": m["goodput_rps"], "slo_attainment": 1.0 - m["slo_violation_rate"],
+            "ttft_p99_s": m["ttft_p99_s"], "e2e_p99_s": m["e2e_p99_s"], "preemptions": int(m["preemptions"]),
+            "capped": int(m.get("capped", 0)), "completed": int(m["completed"]), "truncated": int(m["truncated"]),
+            "ignored": int(m["ignored"]), "kv_use_mean": m["kv_utilisation_mean"],
+            "kv_use_peak": float(r.engines["kv_use_peak"].max()), "horizon_s": float(r.cost["horizon_s"]),
+            "served_blocks": unc.encode(blocks)}
+
+
+def _pair(a: pd.Series, b: pd.Series) -> unc.Interval:
+    units = np.stack([unc.decode(a["served_blocks"]), unc.decode(b["served_blocks"])], axis=1) / float(a["span_s"])
+    return unc.change(lambda s: s[:, 0], lambda s: s[:, 1], units, unit="req/s", floor=1e-9)
+
+
+def compare(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (rows of :func:`run_arm`) with each arm's paired goodput change [%] against its
+    engine's ``default`` (``vs_default_*``) and against ``vllm-v1``'s ``default`` (``vs_v1_*``): the
+    point, the 95 % moving-block interval, the difference [req/s] with its interval, and whether the
+    baseline comes near zero in resamples (then read the difference)."""
+    idx = frame.set_index(["cell", "engine", "arm"])
+    out = frame.copy()
+    for tag, base_of in (("default", lambda c, e: (c, e, "default")), ("v1", lambda c, e: (c, "vllm-v1", "default"))):
+        cols: dict[str, list] = {k: [] for k in ("pct", "lo", "hi", "diff_rps", "diff_lo", "diff_hi", "base_near_zero")}
+        for _, row in frame.iterrows():
+            key = base_of(row["cell"], row["engine"])
+            if key not in idx.index:
+                for k in cols:
+                    cols[k].append(np.nan)
+                continue
+            iv = _pair(row, idx.loc[key])
+            for k, v in zip(cols, (100 * iv.point, 100 * iv.lo, 100 * iv.hi, iv.diff.point, iv.diff.lo, iv.diff.hi,
+                                   iv.base_near_zero)):
+                cols[k].append(v)
+        for k, v in cols.items():
+            out[f"vs_{tag}_{k}"] = v
+    return out
+
+
+def length_value(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (cell, engine) of ``frame`` (rows of :func:`run_arm`): the best true-length arm (most
+    requests served in time; ties: the first of :data:`TRUE_LENGTH_ARMS`), the **lower bound on what
+    knowing the lengths is worth** (its goodput minus the default's over the same arrivals, [req/s
+    of the arrival span] and [%], with the paired interval of that arm against the default) and the share of it each
+    estimate arm recovers (NaN where the bound is not positive: nothing to recover)."""
+    rows = []
+    for (cell, engine), part in frame.groupby(["cell", "engine"], sort=False):
+        p = part.set_index("arm")
+        if "default" not in p.index:
+            continue
+        true = p.loc[[a for a in TRUE_LENGTH_ARMS if a in p.index]]
+        if not len(true):
+            continue
+        g0 = float(p.loc["default", "served_in_deadline"])
+        best = str(true["served_in_deadline"].astype(float).idxmax())
+        gb = float(true.loc[best, "served_in_deadline"])
+        iv = _pair(p.loc[best], p.loc["default"])
+        row = {"family": part["family"].iloc[0], "cell": cell, "engine": engine,
+               "implementation": ",".join(sorted(set(part["implementation"]))),
+               "default_served": int(g0), "best_true_arm": best, "best_true_served": int(gb),
+               "length_value_lower_bound_rps": iv.diff.point, "lb_lo_rps": iv.diff.lo, "lb_hi_rps": iv.diff.hi,
+               "length_value_lower_bound_pct": 100 * iv.point, "lb_lo_pct": 100 * iv.lo, "lb_hi_pct": 100 * iv.hi,
+               "lb_base_near_zero": iv.base_near_zero}
+        for est in ESTIMATE_ARMS:
+            share = np.nan
+            if est in p.index and gb - g0 > 0:
+                share = (float(p.loc[est, "served_in_deadline"]) - g0) / (gb - g0)
+            row[f"recovered_{est}"] = share
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cell_table(cell_list: list[Cell]) -> pd.DataFrame:
+    """The cells as a table (one row each, the rule named)."""
+    return pd.DataFrame([{"cell": c.key, **asdict(c)} for c in cell_list])
