@@ -53,9 +53,12 @@ MAX_NEW_MODES: tuple[str, ...] = ("unset", "true", "policy", "policy-soft")
 SOFT_ENGINES: tuple[str, ...] = ("sglang", "lightllm")
 
 
-def resolve_engine(engine: str, implementation: str | None) -> tuple[str, str]:
+def resolve_engine(engine: str, implementation: str | None, *, prefix_keys: bool = False) -> tuple[str, str]:
     """(preset, implementation) from ``simulate``'s two keywords (module docstring); ValueError names
-    ``engine`` or ``implementation``."""
+    ``engine`` or ``implementation``. ``prefix_keys``: the run has the trace's prefix keys
+    (:mod:`kvdro.sim.prefix_keys`): only ``vllm-v1`` and ``sglang`` model them (ValueError naming
+    ``prefix_keys`` otherwise), on their reference engine (the default then; ``"fast"`` is refused:
+    the compiled presets do not share prefixes across requests)."""
     if isinstance(engine, str) and engine in IMPLEMENTATIONS:  # the old meaning of engine=
         if implementation is not None and implementation != engine:
             raise ValueError(f"engine: {engine!r} is an implementation (the old engine= values); "
@@ -64,6 +67,18 @@ def resolve_engine(engine: str, implementation: str | None) -> tuple[str, str]:
     check_engine_name(engine)
     from kvdro.sim.presets_compiled import COMPILED
 
+    if prefix_keys:
+        from kvdro.sim.engine_presets import PREFIX_ENGINES
+
+        if engine not in PREFIX_ENGINES:
+            raise ValueError(f"prefix_keys: prefix sharing is modelled for {PREFIX_ENGINES}, not {engine!r}"
+                             + (" (vLLM v0's prefix cache is the deployment's per-class prefix_tokens)"
+                                if engine == DEFAULT_ENGINE else ""))
+        if implementation is None:
+            implementation = "reference"
+        elif implementation != "reference":
+            raise ValueError(f"implementation: a run with prefix_keys needs implementation='reference' (the compiled "
+                             f"presets do not share prefixes across requests), got {implementation!r}")
     if implementation is None:
         implementation = "fast" if engine == DEFAULT_ENGINE or engine in COMPILED else "reference"
     if implementation not in IMPLEMENTATIONS:

@@ -59,12 +59,41 @@ def step_ps(clock: StepClock, prefill_tokens: int, pairs: int, decode_seqs: int,
     return seconds_to_ps(float(sec[0]))
 
 
-def preset_state(engine: str, cfg, *, prompt, limit, max_new, pages: int, window: int) -> EngineState:
-    """The state one preset engine starts from (``pages`` of ``cfg.page_size`` tokens)."""
+#: The presets whose prefix cache the trace's prefix keys drive (on by default in those engines).
+PREFIX_ENGINES: tuple[str, ...] = ("vllm-v1", "sglang")
+
+
+def preset_state(engine: str, cfg, *, prompt, limit, max_new, pages: int, window: int,
+                 prefix_keys: list | None = None) -> EngineState:
+    """The state one preset engine starts from (``pages`` of ``cfg.page_size`` tokens).
+
+    ``prefix_keys``: per request (arrival order) the keys of its full 16-token prompt blocks
+    (:func:`kvdro.datasets.prefix_block_keys`), or None (no sharing: the engine as before). With keys,
+    ``vllm-v1`` (``enable_prefix_caching``) runs :class:`~kvdro.sim.engines.free_queue.HashedBlockPool`
+    and ``sglang`` :class:`~kvdro.sim.engines.radix_cache.RadixCache`; another preset, or a block or
+    page size the 16-token keys do not describe, raises ValueError naming ``prefix_keys``."""
     st = EngineState([int(v) for v in prompt], [int(v) for v in limit], [int(v) for v in max_new],
                      pages=int(pages), page_size=int(cfg.page_size))
     st.extra["window"] = int(window)
+    if prefix_keys is not None:
+        st.prefix = prefix_cache(engine, cfg, prefix_keys, pages=int(pages))
     return st
+
+
+def prefix_cache(engine: str, cfg, prefix_keys: list, *, pages: int):
+    """The prefix cache ``engine`` keeps over ``prefix_keys`` (:func:`preset_state`), None if switched off."""
+    if engine not in PREFIX_ENGINES:
+        raise ValueError(f"prefix_keys: prefix sharing is modelled for {PREFIX_ENGINES}, not {engine!r}")
+    if cfg.page_size != (BLOCK_TOKENS if engine == "vllm-v1" else 1):
+        raise ValueError(f"prefix_keys: the keys describe {BLOCK_TOKENS}-token blocks; {engine} with page size "
+                         f"{cfg.page_size} is not modelled with them")
+    if engine == "vllm-v1":
+        from kvdro.sim.engines.free_queue import HashedBlockPool
+
+        return HashedBlockPool(pages, cfg.block_size, prefix_keys) if cfg.enable_prefix_caching else None
+    from kvdro.sim.engines.radix_cache import RadixCache
+
+    return RadixCache(prefix_keys)
 
 
 def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
@@ -136,17 +165,21 @@ def _loop(engine: str, cfg, st: EngineState, arrival: list[int],
 
 
 def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np.ndarray, clock: StepClock, *,
-               window: int, record: bool = False, progress=None) -> EngineOutput:
+               window: int, record: bool = False, progress=None, prefix_keys: list | None = None) -> EngineOutput:
     """Simulate one engine of preset ``engine`` (knobs ``cfg``) step by step.
 
     ``inp.output`` is each request's generation limit (its true length after the window, or its
     ``max_new`` when smaller); ``max_new`` the ``max_new_tokens`` the engine sees; the pool is the
     ``spec.blocks`` 16-token blocks, in pages of ``cfg.page_size`` tokens. ``record=True`` keeps
-    per-step rows ``(t_ps, dur_ps, scheduled, preempted, finished)``."""
+    per-step rows ``(t_ps, dur_ps, scheduled, preempted, finished)``. ``prefix_keys``: per request its
+    prompt blocks' keys (:func:`preset_state`); with them the output also carries ``prefix_hit_tokens``
+    (per request, tokens taken from the prefix cache over its admissions) and ``prefill_tokens`` (the
+    prefill and recompute tokens the engine computed)."""
     check_inputs(inp)  # the engines' common envelope (kvdro.sim.envelope); the clock limit is checked per step
     n = len(inp)
     pages = spec.blocks * BLOCK_TOKENS // cfg.page_size
-    st = preset_state(engine, cfg, prompt=inp.prompt, limit=inp.output, max_new=max_new, pages=pages, window=window)
+    st = preset_state(engine, cfg, prompt=inp.prompt, limit=inp.output, max_new=max_new, pages=pages, window=window,
+                      prefix_keys=prefix_keys)
     out = EngineOutput.empty(n)
     trace = [] if record else None
     acc = {"steps": 0, "prefill_steps": 0, "busy": 0, "resident": 0, "dbatch": 0, "dps": 0, "kvi": 0, "peak": 0}
@@ -183,10 +216,11 @@ def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np
         if progress is not None and done:
             progress.update(len(done))
 
-    end = _loop(engine, cfg, st, inp.arrival_ps.tolist(),
-                lambda pre, pairs, dec, ctx, chunks, kv: (step_ps(clock, pre, pairs, dec, ctx, chunks=chunks,
-                                                                  prefill_kv_tokens=kv) if pre or dec else 0),
-                on_step)
+    def duration(pre, pairs, dec, ctx, chunks, kv):
+        acc["prefill_tokens"] = acc.get("prefill_tokens", 0) + pre
+        return step_ps(clock, pre, pairs, dec, ctx, chunks=chunks, prefill_kv_tokens=kv) if pre or dec else 0
+
+    end = _loop(engine, cfg, st, inp.arrival_ps.tolist(), duration, on_step)
     out.preemptions[:] = st.preemptions
     out.recomputed_tokens[:] = st.recomputed
     out.steps, out.prefill_steps, out.busy_ps = acc["steps"], acc["prefill_steps"], acc["busy"]
@@ -197,13 +231,18 @@ def run_preset(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np
     out.peak_blocks = -(-acc["peak"] // BLOCK_TOKENS)
     out.free_blocks_end = spec.blocks - (-(-st.used_pages * st.page_size // BLOCK_TOKENS))
     out.trace = trace
+    if prefix_keys is not None:
+        out.prefill_tokens = acc.get("prefill_tokens", 0)
+        out.prefix_hit_tokens = np.array(st.prefix.hit_tokens if st.prefix is not None else [0] * n, dtype=np.int64)
     return out
 
 
-def replay_steps(engine: str, cfg, *, arrival, prompt, limit, max_new, pages: int, window: int) -> list[tuple]:
+def replay_steps(engine: str, cfg, *, arrival, prompt, limit, max_new, pages: int, window: int,
+                 prefix_keys: list | None = None) -> list[tuple]:
     """The loop with one time unit per step: rows (step, {request: tokens}, preempted, finished),
     one per ``schedule()`` call, and an empty row for each step index at which nothing ran."""
-    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=max_new, pages=pages, window=window)
+    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=max_new, pages=pages, window=window,
+                      prefix_keys=prefix_keys)
     return replay(engine, cfg, st, arrival)
 
 

@@ -41,6 +41,7 @@ from kvdro.sim.engine_choice import (IMPLEMENTATIONS, check_max_new, check_prese
                                      resolve_engine)
 from kvdro.sim.engines import DEFAULT_ENGINE, ENGINES, make_config
 from kvdro.sim.policies import ALL_POLICIES, Buffers, policy_buffers, request_buffers
+from kvdro.sim.prefix_keys import check_prefix_keys, keys_for_rows
 from kvdro.sim.scheduler import BLOCK_TOKENS, EngineInput, EngineOutput, EngineSpec
 from kvdro.sim.timing import MAX_HORIZON_S, PS_PER_S, StepClock
 
@@ -224,6 +225,7 @@ def simulate(
     schedule: str = "fcfs",
     length_hint: np.ndarray | None = None,
     aging_s_per_token: float = 0.1,
+    prefix_keys=None,
 ) -> SimResult:
     """Serve ``trace`` (tidy schema: arrival_s, input_tokens, output_tokens, request_class) on
     ``deployment`` (default :func:`default_deployment`: 2 x TP4-PP1) under ``policy``.
@@ -288,6 +290,12 @@ def simulate(
             ``trace`` (a prediction, e.g. a class quantile of a training half); ``None`` = the true
             lengths xi after the context cap (the oracle scheduler). Ignored for ``"fcfs"``.
         aging_s_per_token: the key's slope [s per token], >= 0 (0 is FCFS).
+        prefix_keys: prefix sharing across requests (``vllm-v1``'s automatic prefix caching,
+            ``sglang``'s radix cache): ``None`` (default: off, results as before), ``"hash_ids"``
+            (from a Mooncake trace's ``hash_ids``) or ``kvdro.datasets.prefix_block_keys(trace)``
+            (16-token block keys per row; :mod:`kvdro.sim.prefix_keys`). Runs on the reference
+            engine (``implementation="fast"`` is refused); ``metrics`` then also carry
+            ``prefix_hit_tokens`` and ``prefill_tokens``.
 
     Raises:
         ValueError: naming the argument (or trace column and row) for bad input; a reservation
@@ -309,7 +317,7 @@ def simulate(
         raise ValueError(f"aging_s_per_token: must be a finite number >= 0 [s per token], got {aging_s_per_token!r}")
     if record and implementation is None and engine not in ("fast", "fast-python"):
         implementation = "reference"  # a per-step trace is the reference engine's
-    engine, implementation = resolve_engine(engine, implementation)
+    engine, implementation = resolve_engine(engine, implementation, prefix_keys=prefix_keys is not None)
     max_new = check_max_new(max_new)
     if engine == DEFAULT_ENGINE and engine_options:
         raise ValueError("engine_options: vllm-v0's knobs are the deployment's (max_num_seqs, max_num_batched_tokens, watermark)")
@@ -325,6 +333,7 @@ def simulate(
     if not (_real("eps_fraction", eps_fraction) >= 0):
         raise ValueError(f"eps_fraction: must be a finite number >= 0, got {eps_fraction!r}")
     check_trace(trace)
+    prefix_csr = check_prefix_keys(prefix_keys, trace)
     dep = default_deployment(trace) if deployment is None else deployment
     if not isinstance(dep, Deployment):
         raise ValueError("deployment: must be a kvdro.sim.Deployment")
@@ -470,7 +479,8 @@ def simulate(
                 from kvdro.sim.engine_presets import run_preset
 
                 out = run_preset(engine, preset_cfg, spec, inp, max_new_tokens[idx], clock, window=limit,
-                                 record=record, progress=bar)
+                                 record=record, progress=bar,
+                                 prefix_keys=None if prefix_csr is None else keys_for_rows(prefix_csr, order[idx]))
             elif implementation == "reference":
                 out = run_reference(spec, inp, clock, record=record, progress=bar)
             else:
@@ -561,6 +571,9 @@ def simulate(
     check_accounting(n, metrics["completed"] + n_capped, metrics["rejected"], metrics["ignored"])
     if engine != DEFAULT_ENGINE or max_new != "unset":
         metrics["capped"] = n_capped
+    if prefix_csr is not None:
+        metrics["prefix_hit_tokens"] = int(sum(int(o.prefix_hit_tokens.sum()) for o in outputs))
+        metrics["prefill_tokens"] = int(sum(o.prefill_tokens for o in outputs))
     for row, (spec, _), out, idx in zip(engine_rows, specs, outputs, members):
         row.update({
             "blocks": spec.blocks,

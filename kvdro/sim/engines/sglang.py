@@ -31,9 +31,12 @@ One event-loop iteration (:func:`schedule`):
    otherwise the ratio decays by one step, down to its floor. The ratio is reset to its initial value
    when the engine is idle.
 
-Left out: the radix cache (without prefix hashes no two prompts share tokens; a retracted request's
-prompt stays in the tree until evicted, where SGLang would hit it and we recompute it: retractions
-are rare in our runs), overlap scheduling, the priority and cache-aware policies, mixed chunks
+The radix cache (on by default in SGLang) runs only when the trace carries prefix keys
+(``simulate(..., prefix_keys=)``, :mod:`kvdro.sim.engines.radix_cache`): admission counts its evictable
+tokens as available, a request prefills only past its matched prefix, and a retracted request's
+prompt stays cached until evicted. Without keys it is left out: no two prompts share tokens, and a
+retracted request recomputes its prompt where SGLang would hit it (retractions are rare in our runs).
+Left out as well: overlap scheduling, the priority and cache-aware policies, mixed chunks
 (``--enable-mixed-chunk``, off by default), speculative decoding.
 """
 
@@ -128,7 +131,10 @@ class PrefillAdder:
 
     @property
     def _available(self) -> int:
-        """``available_size() + evictable_size()`` [tokens]: free slots (nothing evictable without prefix hits)."""
+        """``available_size() + evictable_size()`` [tokens]: free slots (nothing evictable without prefix
+        keys; with them, the radix cache's unlocked tokens, :mod:`kvdro.sim.engines.radix_cache`)."""
+        if self.st.prefix is not None:
+            return self.st.free * self.st.page_size + self.st.prefix.evictable
         return self.st.free * self.st.page_size
 
     @property
@@ -174,22 +180,34 @@ class PrefillAdder:
         prompt to the chunk budget when it does not fit the chunk."""
         st = self.st
         extend = st.num_tokens(j)  # computed is 0: a new or retracted request prefills prompt + generated
+        cache = st.prefix  # the radix cache (prefix keys only): extend_input_len excludes the matched prefix
+        if cache is not None:
+            extend -= cache.match_prefix(st, j)
         total_tokens = extend + min(st.max_new[j], self.cfg.clip_max_new_tokens)
         input_tokens = self._ceil_paged(extend)
         if total_tokens >= self.rem_total_tokens:
             return AddReqResult.NO_TOKEN
         if input_tokens > self.rem_input_tokens and self.can_run:
             return AddReqResult.OTHER
+        if cache is not None:  # _lock_node: the matched prefix leaves the evictable size; check again
+            cache.lock(j)
+            if total_tokens >= self.rem_total_tokens:
+                cache.unlock(j)
+                return AddReqResult.NO_TOKEN
         if input_tokens <= self.rem_chunk_tokens:
             self.can_run[j] = extend
             self._update_prefill_budget(extend, min(st.max_new[j], self.cfg.clip_max_new_tokens))
         else:
             trunc = self.rem_chunk_tokens // self.cfg.page_size * self.cfg.page_size
             if trunc <= 0:
+                if cache is not None:
+                    cache.unlock(j)
                 return AddReqResult.OTHER
             self.can_run[j] = trunc
             self.new_chunked_req = j
             self._update_prefill_budget(trunc, 0)
+        if cache is not None:
+            cache.admit(st, j)
         return self.budget_state()
 
 
@@ -234,6 +252,9 @@ def get_new_batch_prefill(st: EngineState, cfg: Config) -> Step:
             break
     st.extra["chunked_req"] = adder.new_chunked_req if adder.new_chunked_req is not None else chunked
     step = Step()
+    if st.prefix is not None and adder.can_run:  # alloc_for_extend: evict_from_tree_cache first
+        st.prefix.evict_if_needed(st, sum(adder.can_run.values()))
+        st.prefix.pending.update(adder.can_run)
     for j, extend in adder.can_run.items():
         if not st.allocate(j, st.computed[j] + extend):
             raise AssertionError("sglang: PrefillAdder admitted more tokens than the pool holds")
@@ -247,6 +268,8 @@ def get_new_batch_prefill(st: EngineState, cfg: Config) -> Step:
 def check_decode_mem(st: EngineState, reqs: list[int]) -> bool:
     """``ScheduleBatch.check_decode_mem``: free slots cover the next token of every request in ``reqs``."""
     need = sum(st.pages_needed(j, st.computed[j] + 1) for j in reqs)
+    if st.prefix is not None:  # with the radix cache, evict_from_tree_cache first
+        st.prefix.evict_if_needed(st, need)
     return need <= st.free
 
 
@@ -291,6 +314,8 @@ def update_running_batch(st: EngineState, cfg: Config) -> Step:
 def schedule(st: EngineState, cfg: Config) -> Step:
     """One event-loop iteration (module docstring): a prefill step if anything is admitted, else a decode step."""
     st.extra.setdefault("new_token_ratio", cfg.init_ratio)
+    if st.prefix is not None:  # the last prefill's results: cache_unfinished_req
+        st.prefix.commit(st)
     step = get_new_batch_prefill(st, cfg)
     if step.scheduled or not st.running:
         return step

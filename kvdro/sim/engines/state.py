@@ -60,6 +60,9 @@ class EngineState:
         self.running: list[int] = []
         self.steps = 0  # schedule() calls so far (SGLang's ratio decays per decode step)
         self.queue = None  # vLLM v1's FreeBlockQueue when prefix caching is on (kvdro.sim.engines.free_queue)
+        # with the trace's prefix keys only (else None): vLLM v1's HashedBlockPool or SGLang's RadixCache,
+        # which then own allocate / release / evict / used_pages (kvdro.sim.engines.free_queue, .radix_cache)
+        self.prefix = None
         self.extra: dict = {}  # an engine's own state (SGLang's new_token_ratio)
 
     # -- the request ------------------------------------------------------------------------
@@ -81,6 +84,8 @@ class EngineState:
         pages free; False (and nothing taken) otherwise (vLLM v1's ``allocate_slots`` returning None).
         ``hit_pages``: leading pages of a re-admitted request found in the prefix cache (free pages
         taken back, their tokens not recomputed; vLLM v1 with a :attr:`queue`)."""
+        if self.prefix is not None:
+            return self.prefix.allocate(self, j, tokens, keep_free=keep_free, hit_pages=hit_pages)
         need = self.pages_needed(j, tokens)
         if need > self.free - keep_free:
             return False
@@ -96,6 +101,8 @@ class EngineState:
 
     def release(self, j: int) -> None:
         """Free every page of request ``j`` (a finished request)."""
+        if self.prefix is not None:
+            return self.prefix.release(self, j)
         if self.queue is not None:
             self.queue.free(self.held[j])
         self.free += self.held[j]
@@ -105,6 +112,8 @@ class EngineState:
         """Preempt (or retract) ``j`` by recompute: its cache is dropped, its generated tokens kept
         (its next prefill recomputes prompt + generated; with vLLM v1's prefix cache, only what the
         pool evicted meanwhile). The caller moves it between the queues."""
+        if self.prefix is not None:
+            return self.prefix.evict(self, j)
         self.preemptions[j] += 1
         self.recomputed[j] += self.computed[j]
         if self.queue is not None:
@@ -117,4 +126,6 @@ class EngineState:
 
     @property
     def used_pages(self) -> int:
+        if self.prefix is not None:
+            return self.prefix.used_pages(self)
         return self.pages - self.free

@@ -28,7 +28,11 @@ Prefill chunks and decodes share one step (a mixed step). Automatic prefix cachi
 engine (``enable_prefix_caching``): without block hashes in the trace no two prompts share blocks,
 but a preempted request hits its own freed blocks while the pool has not reused them
 (:mod:`kvdro.sim.engines.free_queue`), and recomputes only the rest. Left out: speculative
-decoding, async scheduling, priorities, sharing across requests (needs the trace's block hashes).
+decoding, async scheduling, priorities. Sharing across requests needs the trace's block hashes:
+with them (``simulate(..., prefix_keys=)``) the pool is
+:class:`~kvdro.sim.engines.free_queue.HashedBlockPool` (vLLM 0.11.0 ``v1/core/block_pool.py``): a
+waiting request skips the prefill of its longest cached run of full blocks -- its own after a
+preemption, or another request's, running, finished or preempted, until the free queue evicts them.
 """
 
 from __future__ import annotations
@@ -77,14 +81,18 @@ class Config:
 
 def on_arrival(st: EngineState, cfg: Config, j: int) -> None:
     """``Scheduler.add_request``: a new request joins the tail of the waiting queue."""
-    if cfg.enable_prefix_caching and st.queue is None:
+    if cfg.enable_prefix_caching and st.queue is None and st.prefix is None:
         st.queue = FreeBlockQueue(st.pages)
     st.waiting.append(j)
 
 
 def get_computed_blocks(st: EngineState, cfg: Config, j: int) -> int:
     """``KVCacheManager.get_computed_blocks``: leading blocks of ``j`` still in the prefix cache
-    (full blocks, at most ``num_tokens - 1`` tokens: the last token is always computed)."""
+    (full blocks, at most ``num_tokens - 1`` tokens: the last token is always computed). With the
+    trace's prefix keys: the longest cached run of its blocks, shared or its own
+    (:class:`~kvdro.sim.engines.free_queue.HashedBlockPool`)."""
+    if st.prefix is not None:
+        return len(st.prefix.longest_hit(j, (st.num_tokens(j) - 1) // cfg.block_size))
     if st.queue is None:
         return 0
     return min(st.queue.cached.get(j, 0), (st.num_tokens(j) - 1) // cfg.block_size)
