@@ -31,9 +31,11 @@ def test_arms_per_engine():
         for a in ("default", "client-cap", "saa", "dro", "p90", "p95", "p99", "true"):
             assert a in arms, (e, a)
         assert ("dro-soft" in arms) == (e in ("vllm-v0", "sglang", "lightllm"))
-        assert ("look-ahead" in arms) == (e == "vllm-v0") and ("sof-true" in arms) == (e == "vllm-v0")
+        for a in ("look-ahead", "sof-true", "look-ahead+sof", "sof-predicted"):
+            assert (a in arms) == (e == "vllm-v0"), (e, a)
         assert "oracle" not in arms  # the look-ahead is named for what it is
     assert set(atlas.TRUE_LENGTH_ARMS) == {"true", "look-ahead", "sof-true", "look-ahead+sof"}
+    assert "sof-predicted" in atlas.ESTIMATE_ARMS and "sof-predicted" not in atlas.TRUE_LENGTH_ARMS
 
 
 def test_pick_point_rules():

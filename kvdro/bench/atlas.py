@@ -17,6 +17,8 @@ so an interrupted-and-resumed sweep writes the same bytes as an uninterrupted on
 an empty cache is byte-identical (routing seed 0, seeded bootstrap; no wall time in the files).
 
 It prints the cells it runs (with the rule that chose each) and the wall time of each family.
+``python -m kvdro.bench all`` skips it while a preset lacks its compiled implementation
+(:func:`skip_reason`).
 ``--list`` prints the cells and the number of runs and stops.
 
 **Reduced sweeps.** ``--quick N`` (the first N requests of each cell's trace), ``--engines`` or
@@ -41,6 +43,19 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 KEY = ("cell", "engine", "arm")
 BACKENDS = ("loky", "dask")
 DECIMALS = 6
+
+
+def skip_reason() -> str | None:
+    """Why ``python -m kvdro.bench all`` skips the atlas: without every preset's compiled
+    implementation it runs on the step-by-step reference engines, hours instead of minutes
+    (run ``python -m kvdro.bench atlas`` explicitly to do it anyway)."""
+    from kvdro.sim.presets_compiled import COMPILED
+
+    missing = [e for e in atlas.ENGINES if e != "vllm-v0" and e not in COMPILED]
+    if missing:
+        return (f"no compiled implementation of {missing}: the full atlas would run them on the reference engine "
+                "(hours); run `python -m kvdro.bench atlas` to do it anyway")
+    return None
 
 
 def _run(cell: atlas.Cell, engine: str, arm: str, quick: int | None) -> dict:

@@ -36,7 +36,9 @@ row (``rule``). (Model, GPU) pairs without a regime map (Llama-2-70B on H100) ar
 * ``true`` -- the true output length as ``max_new`` (the in-engine reservation at the true length);
 * ``vllm-v0`` only: ``look-ahead`` (the FCFS no-preemption look-ahead with the true lengths, the
   simulator's ``policy="oracle"``), ``sof-true`` (shortest-output-first on the true lengths,
-  ``schedule="sof"``) and ``look-ahead+sof``.
+  ``schedule="sof"``) and ``look-ahead+sof``; and ``sof-predicted``, shortest-output-first on a
+  prediction from the prompt (the median training output of the request's class and prompt bin:
+  :func:`kvdro.experiments.headroom.length_predictions`), a deployable ordering.
 
 Per run (:func:`run_arm`): goodput (requests served within their own deadline D = 2 s + 0.1 s x xi,
 per second of the run's horizon: the simulator's ``goodput_rps``) and the count it divides
@@ -117,6 +119,7 @@ class Arm:
     engines: tuple[str, ...] = ENGINES
     uses_true: bool = False
     estimate: bool = False
+    hint: str | None = None
 
 
 _SOFT = ("vllm-v0", "sglang", "lightllm")
@@ -131,6 +134,7 @@ ARMS: tuple[Arm, ...] = (
     Arm("look-ahead", policy="oracle", engines=("vllm-v0",), uses_true=True),
     Arm("sof-true", schedule="sof", engines=("vllm-v0",), uses_true=True),
     Arm("look-ahead+sof", policy="oracle", schedule="sof", engines=("vllm-v0",), uses_true=True),
+    Arm("sof-predicted", schedule="sof", engines=("vllm-v0",), estimate=True, hint="prompt-bins"),
 )
 _ARM = {a.name: a for a in ARMS}
 #: The arms that read each request's true output length.
@@ -297,8 +301,13 @@ def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = N
     elif max_new == "policy-soft" and engine == "vllm-v0":
         max_new = "unset"  # vLLM v0's own soft reservation (kvdro.sim.engine_choice)
     buffers = None if a.policy in ("vllm", "oracle") else _buffers(cell, a.policy)
+    hint = None
+    if a.hint is not None:
+        from kvdro.experiments.headroom import length_predictions
+
+        hint = length_predictions(cell_inputs(cell)[1], test, a.hint)
     r = simulate(test, policy=a.policy, buffers=buffers, deployment=dep, rho=RHO, rng=np.random.default_rng(0),
-                 engine=engine, max_new=max_new, schedule=a.schedule)
+                 engine=engine, max_new=max_new, schedule=a.schedule, length_hint=hint)
     q, m = r.requests, r.metrics
     ok = q["outcome"].isin(["completed", "truncated"]).to_numpy() & (q["e2e_s"].to_numpy() <= q["deadline_s"].to_numpy())
     blocks = unc.block_sums(unc.block_index(test["arrival_s"].to_numpy()), ok.astype(float))
