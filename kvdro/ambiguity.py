@@ -16,7 +16,7 @@ CVXPY model that agrees with it:
 ``"ks"``
     a Kolmogorov-Smirnov band ``sup_t |F(t) - F_N(t)| <= radius`` (a probability; the DKW band) of
     distributions on ``[0, L_max]``. Closed form: a 1-D search over the CDF's level at ``eta``; the
-    robust buffer interpolates two empirical quantiles (chapter 9); CVXPY: an LP over the CDF
+    robust buffer interpolates two empirical quantiles (chapter 11); CVXPY: an LP over the CDF
     (:func:`ks_problem`).
 ``"wasserstein"``
     the paper's ball (5), delegated to :mod:`kvdro.wasserstein` (radius in tokens).
@@ -169,7 +169,7 @@ def scarf_worst_case_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float
     With ``Q = (c_p + c_w)(xi - eta)^+ + c_w (eta - xi)`` the worst case is
     ``(c_p + c_w) S(eta) + c_w (eta - mu)`` with ``S`` the largest ``E(xi - eta)^+``:
     ``(sqrt(sigma^2 + (eta - mu)^2) - (eta - mu)) / 2`` for ``eta >= (mu^2 + sigma^2)/(2 mu)``, else
-    ``mu - eta mu^2 / (mu^2 + sigma^2)`` (chapter 9, Scarf's theorem).
+    ``mu - eta mu^2 / (mu^2 + sigma^2)`` (chapter 11, Scarf's theorem).
     """
     x = as_samples(samples)
     c_p, c_w = check_costs(c_p, c_w)
@@ -392,7 +392,7 @@ def _ks_level_range(x, eta, delta):
 def ks_worst_case_cost(samples: ArrayLike, eta: float, c_p: float, c_w: float, radius: float, L_max: float) -> float:
     """Worst-case expected cost at ``eta`` over CDFs on ``[0, L_max]`` within ``radius`` of the ECDF.
 
-    Chapter 9's theorem: a worst case is ``F_q = min(F_N + radius, q)`` below ``eta`` and
+    Chapter 11's theorem: a worst case is ``F_q = min(F_N + radius, q)`` below ``eta`` and
     ``max(F_N - radius, q)`` from ``eta`` on, for a level ``q`` in
     ``[F_N(eta-) - radius, F_N(eta) + radius]``; the value is concave and piecewise linear in ``q``,
     so the best level is an end of that range or a kink ``F_N +/- radius`` of one piece.
@@ -414,7 +414,7 @@ def _ks_worst_cdf(x, b, c_p, c_w, d, L):
     F = np.where(below[None, :], np.minimum(up[None, :], cand[:, None]), np.maximum(down[None, :], cand[:, None]))
     vals = _ks_value(F, length, below, b, c_p, c_w, L)
     # among (numerically) tied worst cases take the level closest to q*: at the robust buffer that
-    # one is the saddle point of chapter 9's theorem
+    # one is the saddle point of chapter 11's theorem
     tied = np.flatnonzero(vals >= vals.max() - 1e-12 * max(1.0, abs(vals.max())))
     k = int(tied[np.argmin(np.abs(cand[tied] - q))])
     return T, F[k]
@@ -436,7 +436,7 @@ def ks_worst_case_distribution(
 def ks_reservation(samples: ArrayLike, c_p: float, c_w: float, radius: float, L_max: float) -> Robust:
     """The KS-robust buffer in closed form: ``(1 - q*) a + q* b`` with ``a = inf{t : F_N(t) > q* - radius}``
     (0 if ``q* - radius < 0``) and ``b = inf{t : F_N(t) >= q* + radius}`` (``L_max`` if ``q* + radius > 1``),
-    ``q* = rho/(rho+1)`` (chapter 9: a saddle point whose worst CDF crosses ``q*`` at the buffer)."""
+    ``q* = rho/(rho+1)`` (chapter 11: a saddle point whose worst CDF crosses ``q*`` at the buffer)."""
     x, c_p, c_w, d, L = _ks_inputs(samples, c_p, c_w, radius, L_max)
     check_costs(c_p, c_w, positive=True)
     q = critical_fractile(c_p / c_w)

@@ -1294,7 +1294,7 @@ AZURE_2023_CONV_RATE = 19_366 / 3600.0
 
 
 def sharegpt_trace(seed: int, *, rate: float = AZURE_2023_CONV_RATE, first_turn: Literal["human", "any"] = "human") -> pd.DataFrame:
-    """ShareGPT as a timed trace for the paper's experiments (chapter 8): every pair kept by vLLM's
+    """ShareGPT as a timed trace for the paper's experiments (chapters 9 and 10): every pair kept by vLLM's
     filter, in a seeded random order, with Poisson arrivals at ``rate`` [requests/s].
 
     ShareGPT has no timestamps, so the arrival process is an assumption (Poisson, inter-arrival CV 1,

@@ -91,7 +91,7 @@ def test_a_grid_keeps_no_manifest_for_its_partial_file(tmp_path):
 
 @pytest.fixture
 def sweeps(tmp_path, monkeypatch) -> Path:
-    """A copy of the cached sweeps of chapter 9 the verdicts read, in a folder of its own."""
+    """A copy of the cached sweeps of chapter 10 the verdicts read, in a folder of its own."""
     from kvdro.experiments import results
 
     for p in DATA.glob("experiments_*"):

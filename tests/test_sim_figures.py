@@ -1,4 +1,4 @@
-"""Chapter 11's predicted-against-simulated scatter (kvdro.sim.figures.agreement_scatter)."""
+"""Chapter 12's predicted-against-simulated scatter (kvdro.sim.figures.agreement_scatter)."""
 
 import numpy as np
 import pandas as pd

@@ -1,4 +1,4 @@
-"""The regime map on the new workloads (kvdro.experiments.workload_regimes): chapter 8's rules applied."""
+"""The regime map on the new workloads (kvdro.experiments.workload_regimes): chapter 9's rules applied."""
 
 from __future__ import annotations
 

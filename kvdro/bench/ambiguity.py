@@ -1,6 +1,6 @@
 """Benchmark: radius selection and four ambiguity sets on the Azure 2023 traces, ``python -m kvdro.bench ambiguity``.
 
-Writes the cached tables chapter 9 reads (a few minutes on one core):
+Writes the cached tables chapter 11 reads (a few minutes on one core):
 
 ``data/ambiguity_radius.csv``
     per trace, set (``wasserstein``, ``kl``, ``ks``), rho in {2, 10, 100} and radius on a grid: the
@@ -12,7 +12,7 @@ Writes the cached tables chapter 9 reads (a few minutes on one core):
     CV, hold-out; the paper's 0.15 E[xi] and chapter 3's eps* for the Wasserstein ball).
 ``data/ambiguity_compare.csv``
     the fair comparison: every method's buffer (fitted on the training half) scored on the test half,
-    outputs x s for s in :data:`SHIFTS` (chapter 8's shift operator), cost per request in the paper's
+    outputs x s for s in :data:`SHIFTS` (chapter 10's shift operator), cost per request in the paper's
     accounting ``c_p (xi - eta)^+ + c_w (eta - xi)^+`` (c_w = 1), with a 95% block-bootstrap interval
     (blocks of :data:`BLOCK_S` seconds of the test half) and the paired difference against SAA.
 ``data/ambiguity_context.csv``
@@ -92,7 +92,7 @@ def verdict(lo: float, hi: float, saa_cost: float) -> str:
 
 # --------------------------------------------------------------------------- data
 def split(trace: str):
-    """(train, test) of ``trace``: the time split of chapter 8 (first half trains)."""
+    """(train, test) of ``trace``: the time split of chapter 10 (first half trains)."""
     from kvdro.experiments import traces as tr
 
     return tr.train_test(tr.load(trace))
@@ -318,7 +318,7 @@ REALISED_SHIFTS = (1.0, 2.0)
 
 def realised(trace: str) -> pd.DataFrame:
     """Realised cost through the simulator (chapter 7): buffers fitted on the training half, the test
-    half served at chapter 8's load (x 0.5) with outputs x s, on the default deployment (memory never
+    half served at chapter 10's load (x 0.5) with outputs x s, on the default deployment (memory never
     binds) and on the memory-tight 4 x TP2-PP1. Both accountings per served request."""
     from kvdro.experiments import traces as tr
     from kvdro.experiments.sweeps import DEFAULT_LOAD, run_summary, slo_by_class

@@ -1,4 +1,4 @@
-"""The full sweeps of chapter 9: ``python -m kvdro.bench experiments [--n-jobs N] [--only NAME ...] [--regime R ...]``.
+"""The full sweeps of chapter 10: ``python -m kvdro.bench experiments [--n-jobs N] [--only NAME ...] [--regime R ...]``.
 
 Runs every sweep of :mod:`kvdro.experiments` at full size in both regimes
 (:mod:`kvdro.experiments.regimes`: ``memory``, the primary test, and ``light``, the contrast; the real
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
         "table5": ex.table5,
         "fig6": ex.fig6,
     }
-    print(f"chapter 9 sweeps (cache: {ex.cache_dir()}, code {ex.code_fingerprint()})")
+    print(f"chapter 10 sweeps (cache: {ex.cache_dir()}, code {ex.code_fingerprint()})")
     for regime in args.regime or REGIMES:
         print(f"  {regime}: {operating_point(regime).describe()} ({operating_point(regime).source})")
     print(f"{'sweep':>10} {'regime':>7} {'cells':>6} {'time s':>8} {'s/cell':>7} {'cpu s':>8}  file")

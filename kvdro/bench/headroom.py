@@ -1,4 +1,4 @@
-"""The oracle headroom map and the scheduling contrast of chapter 8: ``python -m kvdro.bench headroom``.
+"""The oracle headroom map and the scheduling contrast of chapter 9: ``python -m kvdro.bench headroom``.
 
 ``--parts map`` writes ``data/headroom.csv`` (one row per workload x deployment x load:
 :func:`kvdro.experiments.headroom.headroom`), ``data/headroom_bound.csv`` (the bound checked against

@@ -1,4 +1,4 @@
-"""The paper's evaluation, reproduced (chapter 9): sweeps behind every table and figure.
+"""The paper's evaluation, reproduced (chapter 10): sweeps behind every table and figure.
 
 - :mod:`kvdro.experiments.runner`   -- :func:`run_sweep`: joblib processes, tqdm bar, on-disk cache
   (any joblib backend, e.g. Dask: see the module docstring)

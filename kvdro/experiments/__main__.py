@@ -1,6 +1,6 @@
 """``python -m kvdro.experiments {table2,table4,table5,fig3,fig5,fig6,verdicts} [--regime memory|light] [--quick] [--n-jobs N] [--json] [--write]``
 
-Runs one sweep of chapter 9 in one regime (:mod:`kvdro.experiments.regimes`; default ``memory``, the
+Runs one sweep of chapter 10 in one regime (:mod:`kvdro.experiments.regimes`; default ``memory``, the
 primary test) and prints its summary table beside the paper's numbers, with our verdict. ``--json``
 prints ``{"experiment", "regime", "quick", "rows", "summary", "verdicts"}`` instead, where ``rows``
 has one object per simulation (NaN as null; each carries ``preemptions`` and

@@ -1,4 +1,4 @@
-"""What knowing the output length is worth: the oracle's headroom over vLLM, and a bound (chapter 8).
+"""What knowing the output length is worth: the oracle's headroom over vLLM, and a decomposition (chapters 8 and 9).
 
 The **headroom map** (:func:`headroom`, cached in ``data/headroom.csv`` by
 ``python -m kvdro.bench headroom``) runs, on every cell of deployments (:data:`DEPLOYMENTS`) x load
@@ -605,7 +605,7 @@ def seed_counts(seeds: pd.DataFrame, policies=("oracle",), stable: bool | None =
 
 
 def seed_sentences(seeds: pd.DataFrame) -> dict[str, str]:
-    """The seed study in words, for the sentences that count the map's cells (chapter 8, the
+    """The seed study in words, for the sentences that count the map's cells (chapter 9, the
     introduction): ``"oracle"`` -- over how many draws, how many rerun cells the oracle's gain counts
     in (:func:`seed_counts`; in all, and stable), how many count under every draw and how many under
     some only; ``"reservations"`` -- the same for exact, best soft and DRO together; ``"scope"`` --
@@ -636,7 +636,7 @@ def seed_sentences(seeds: pd.DataFrame) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ scheduling
 #: The waiting-queue orders compared inside vLLM's admission (item 4 of issue 26): FCFS, and
 #: shortest-output-first with aging ordered by the true length, by the class median of the
-#: training outputs, or by the median of the request's prompt bin (chapter 10's bins).
+#: training outputs, or by the median of the request's prompt bin (chapter 11's bins).
 SCHEDULE_ARMS = ("fcfs", "sof-true", "sof-class", "sof-prompt-bins")
 #: Prompt bins of the ``sof-prompt-bins`` predictor (as :func:`kvdro.ambiguity.bucket_reservations`).
 PROMPT_BINS = 4

@@ -1,4 +1,4 @@
-"""The two operating points at which chapter 9 re-tests the paper (issues 15 and 26).
+"""The two operating points at which chapter 10 re-tests the paper (issues 15 and 26).
 
 * ``"memory"`` -- the primary test: memory-bound and stable. By the rules of
   :mod:`kvdro.sim.regimes` (stable by the queue; mean KV use >= 60 % with vLLM preempting; the

@@ -1,4 +1,4 @@
-"""The sweep runner: every table and figure of chapter 9 is a list of *cells* run through here.
+"""The sweep runner: every table and figure of chapter 10 is a list of *cells* run through here.
 
 A cell is a small dict of inputs (``{"trace": "azure-2023-conv", "policy": "dro", "rho": 10, ...}``)
 and a module-level function maps it to a dict of results (metrics). :func:`run_sweep`

@@ -86,7 +86,7 @@ DEFAULT_LOAD = 0.5
 QUICK_TEST_S = 300.0
 RHOS_TABLE2 = (2, 5, 10, 20, 50, 100)
 RHOS_TABLE4 = (2, 10, 100)
-#: Table IV's policies: vLLM and the paper's reservation rules (the oracles of chapter 8 are not rules).
+#: Table IV's policies: vLLM and the paper's reservation rules (the oracles of chapter 9 are not rules).
 TABLE4_POLICIES = ("vllm", "max", "mean", "p90", "p95", "p99", "saa", "dro", "lp1", "lp2")
 #: Figure 3(a)'s arrival rates, as multiples of the regime's load.
 LOAD_FACTORS = (0.5, 1.0, 1.5)

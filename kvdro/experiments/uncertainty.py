@@ -1,6 +1,6 @@
 """Uncertainty of a comparison: per-block sums of a run, and one seeded moving-block bootstrap.
 
-Every comparison in chapters 8 and 9 is *paired*: the policies (or plans) compared serve the same arrivals,
+Every comparison in chapters 8 to 10 is *paired*: the policies (or plans) compared serve the same arrivals,
 so the same time block of the test half is resampled for all of them at once.
 
 * A real trace has one test half. Its requests are cut by arrival time into :data:`N_BLOCKS`

@@ -1,6 +1,6 @@
-"""The regime map on long-context and reasoning workloads (issue 33, item 4; chapter 8).
+"""The regime map on long-context and reasoning workloads (issue 33, item 4; chapter 9).
 
-Chapter 8's regime rules (:mod:`kvdro.sim.regimes`: **stable** by the queue -- drain within 5 % of
+Chapter 9's regime rules (:mod:`kvdro.sim.regimes`: **stable** by the queue -- drain within 5 % of
 the arrival span and a backlog that does not grow; **memory-bound** -- mean KV use >= 60 % with
 vLLM preempting) applied, unchanged, to three workloads on the models they stand for, on A100-80GB
 and H100-80GB, on every 8-GPU deployment of one configuration that fits the model with its whole
@@ -35,7 +35,7 @@ work any policy must feed, R the recomputed tokens), SLO violation (each request
 P99, drain share and the backlog over each half; :func:`kvdro.sim.regimes.classify` labels it.
 
 **The operating points** (:func:`operating_points`): for each (workload, GPU, deployment), the
-memory-bound, stable cell with the lowest vLLM SLO violation (ties: the lower load) -- chapter 8's
+memory-bound, stable cell with the lowest vLLM SLO violation (ties: the lower load) -- chapter 9's
 rule for its primary point, applied per deployment; ``exact`` is False when no cell is both, and
 the nearest is reported instead (among stable cells where vLLM preempts, the highest mean KV use;
 else none).

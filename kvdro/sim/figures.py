@@ -1,4 +1,4 @@
-"""Chapter 7's and chapter 11's charts, built from the simulator's study frames (:mod:`kvdro.sim.studies`,
+"""Chapter 7's and chapter 12's charts, built from the simulator's study frames (:mod:`kvdro.sim.studies`,
 :mod:`kvdro.sim.regimes`) and the calibration caches, with the book's Altair theme (:mod:`kvdro.plotting`)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
   against the **class** deadline D_i (the ``slo_s`` column: the deployment's per-class SLO, by
   default 2 s + 0.1 s x the class's mean output). This is a decision: the cost is the paper's
   objective (8a) realised, and (6f) defines s_i against D_i, so the cost's SLO term does not move
-  with ``simulate(..., deadline=...)`` -- both accountings of chapter 9 price the same lateness;
+  with ``simulate(..., deadline=...)`` -- both accountings of chapter 10 price the same lateness;
 * ``rejection`` = c_rej x (rejected + ignored) requests;
 * ``gpu`` = c_gpu x GPUs x horizon [s], the GPU term of (8a).
 

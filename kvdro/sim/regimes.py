@@ -276,7 +276,7 @@ def choose_operating_points(frame: pd.DataFrame, trace: str = "conversation") ->
     return points
 
 
-#: The operating points chapters 8-9 and the sweeps run at, by name: regime -> (trace, deployment,
+#: The operating points chapters 8-10 and the sweeps run at, by name: regime -> (trace, deployment,
 #: load), the cells :func:`choose_operating_points` picked from ``data/sim_regimes.csv`` when the
 #: experiments were run. :data:`OPERATING_POINTS` reads these rows of the map (never whichever row
 #: the rule finds in what remains of a damaged file) and checks that the rule still picks them.
@@ -324,7 +324,7 @@ def named_operating_points(frame: pd.DataFrame) -> dict[str, OperatingPoint]:
         if rule.trace != trace or rule.deployment_label != dep or not np.isclose(rule.scale, load):
             raise ValueError(f"frame: the rule now picks {rule.deployment_label} at {rule.scale:g} as the {regime} point, "
                              f"not the named {dep} at {load:g}: update kvdro.sim.regimes.NAMED_POINTS and rerun "
-                             "the sweeps of chapters 8-9")
+                             "the sweeps of chapters 8-10")
         points[regime] = _point(regime, rows.iloc[0], rule.exact)
     return points
 
