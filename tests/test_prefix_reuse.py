@@ -22,7 +22,7 @@ SG = make_config("sglang")
 
 
 def _run(engine, cfg, *, arrival, prompt, limit, pages, keys=None, max_new=None):
-    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=max_new or limit, pages=pages, window=10_000,
+    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=limit if max_new is None else max_new, pages=pages, window=10_000,
                       prefix_keys=keys)
     return [r[1] for r in replay(engine, cfg, st, arrival)], st
 
@@ -152,6 +152,44 @@ def test_sglang_retracted_request_hits_its_cached_prompt_on_readmission():
         assert rows[24] == {0: 1} and rows[40] == {1: prefill}
         assert st.preemptions == [0, 1] and st.recomputed == [0, recomputed]
     assert runs[True][1].prefix.hit_tokens == [0, 32]
+
+
+@pytest.mark.parametrize("engine, options, pages", [
+    ("vllm-v1", {"max_num_batched_tokens": 64, "max_num_seqs": 16}, 45),
+    ("sglang", {"chunked_prefill_size": 64, "max_prefill_tokens": 128, "schedule_conservativeness": 0.3}, 700),
+])
+def test_heavy_sharing_under_memory_pressure_conserves_tokens_and_slots(engine, options, pages):
+    # Random traces: 3 shared prefixes of 1-5 blocks, 0-3 own blocks, tight pools (vllm-v1 preempts,
+    # sglang retracts: its max_new is a third of the true length, reserved against). Every request
+    # ends with exactly its tokens; at the end nothing is held and, in SGLang, every tree node is
+    # unlocked (all cached tokens evictable: available + evictable = the pool).
+    cfg = make_config(engine, options)
+    preempted = hits = 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        n = 40
+        systems = [list(range(100 * c, 100 * c + int(rng.integers(1, 6)))) for c in range(3)]
+        keys, prompt, nxt = [], [], 5000
+        for _ in range(n):
+            own = int(rng.integers(0, 4))
+            keys.append(systems[int(rng.integers(0, 3))] + list(range(nxt, nxt + own)))
+            nxt += own
+            prompt.append(max(1, 16 * len(keys[-1]) + int(rng.integers(0, 16))))
+        arrival, limit = np.sort(rng.integers(0, 80, n)), rng.integers(1, 120, n)
+        max_new = np.maximum(limit // 3, 1) if engine == "sglang" else limit
+        rows, st = _run(engine, cfg, arrival=arrival, prompt=prompt, limit=limit, pages=pages, max_new=max_new,
+                        keys=[k[:p // 16] for k, p in zip(keys, prompt)])
+        assert st.generated == list(limit) and st.used_pages == 0 and not any(st.held)
+        if engine == "sglang":
+            assert st.prefix.evictable + st.free == st.pages
+            stack = list(st.prefix.root.children.values())
+            while stack:
+                node = stack.pop()
+                assert node.lock == 0
+                stack.extend(node.children.values())
+        preempted += sum(st.preemptions)
+        hits += sum(st.prefix.hit_tokens)
+    assert preempted > 0 and hits > 0
 
 
 def _trace(n=4):
