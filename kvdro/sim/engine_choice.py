@@ -7,6 +7,8 @@
 ``vllm-v0``; the other presets run ``"fast"`` -- their compiled implementation
 (:mod:`kvdro.sim.presets_compiled`), the default once a preset has one -- or ``"reference"``, the
 step-by-step specification (:mod:`kvdro.sim.engine_presets`), with identical results.
+With the trace's prefix keys (``prefix_keys=``, :mod:`kvdro.sim.prefix_keys`) ``vllm-v1`` and
+``sglang`` run on their reference engine: the compiled presets do not share prefixes across requests.
 Before the presets, ``engine=`` took the implementation; ``engine="fast"`` (or ``"fast-python"``,
 ``"reference"``) still works and means ``engine="vllm-v0"`` with that implementation.
 
@@ -151,7 +153,8 @@ def check_preset_arguments(engine: str, *, policy: str, max_new, reservation: st
     if schedule != "fcfs":
         raise ValueError(f"schedule: {schedule!r} is not available for engine {engine!r} (FCFS, as the engines run)")
     if prefix:
-        raise ValueError(f"deployment: prefix caching is not modelled for engine {engine!r} yet")
+        raise ValueError(f"deployment: the per-class cached prefix (prefix_tokens) is vLLM v0's model; engine "
+                         f"{engine!r} shares prefixes through the trace's keys (simulate(..., prefix_keys=))")
 
 
 def generation_limits(engine: str, cfg, max_new, *, L: np.ndarray, xi: np.ndarray, window: int,
