@@ -15,7 +15,7 @@ import pytest
 from kvdro.datasets import read_mooncake_jsonl
 from kvdro.sim import simulate
 from kvdro.sim.engine_presets import preset_state, replay
-from kvdro.sim.engines import make_config
+from kvdro.sim.engines import make_config, sglang
 
 V1 = make_config("vllm-v1", {"max_num_batched_tokens": 256, "max_num_seqs": 8})
 SG = make_config("sglang")
@@ -97,6 +97,7 @@ def test_sglang_counts_evictable_tokens_as_available_and_evicts_them_lru():
     # (64 tokens) in the tree, unlocked: available 56, evictable 64.
     _, st = _run("sglang", SG, arrival=[0], prompt=[64], limit=[1], pages=120, keys=[[1, 2, 3, 4]])
     assert (st.free, st.prefix.evictable, st.used_pages) == (56, 64, 0)
+    assert sglang.PrefillAdder(st, SG, 0.7).rem_total_tokens == 56 + 64  # nothing running: no offset
     # b (step 1, prompt 100, no shared key, max_new 10): PrefillAdder's rem_total_tokens =
     # available + evictable = 120 > 100 + 10 -> admitted (counting only the 56 free slots it would
     # not be); alloc_for_extend: 56 < 100 -> evict(100) frees every unlocked leaf (64 tokens).
@@ -126,7 +127,7 @@ def test_sglang_evicts_the_least_recently_used_leaf_first():
 def test_sglang_shares_a_running_requests_prompt_and_locks_it():
     # a (prompt 64, keys 1-4, 10 tokens) is prefilled at step 0; cache_unfinished_req inserts its 4
     # blocks, locked. b (step 2, prompt 70, keys 1, 2, 3, 9) matches 3 blocks (48 tokens) and
-    # prefills 22; while both run, the shared blocks are locked (not evictable).
+    # prefills 22 (a prefill-only step: a's decode waits); at the end both released their paths: nothing locked.
     rows, st = _run("sglang", SG, arrival=[0, 2], prompt=[64, 70], limit=[10, 2], pages=400,
                     keys=[[1, 2, 3, 4], [1, 2, 3, 9]])
     assert rows[2] == {1: 22}
