@@ -22,7 +22,8 @@ SG = make_config("sglang")
 
 
 def _run(engine, cfg, *, arrival, prompt, limit, pages, keys=None, max_new=None):
-    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=limit if max_new is None else max_new, pages=pages, window=10_000,
+    max_new = limit if max_new is None else max_new
+    st = preset_state(engine, cfg, prompt=prompt, limit=limit, max_new=max_new, pages=pages, window=10_000,
                       prefix_keys=keys)
     return [r[1] for r in replay(engine, cfg, st, arrival)], st
 
@@ -66,7 +67,8 @@ def test_vllm_free_queue_evicts_the_least_recently_freed_block_first():
     _, st = _run("vllm-v1", V1, **kw)
     pool = st.prefix
     assert list(pool.free_queue) == [0, 3, 2, 1, 5, 4]
-    assert {k: v for k, v in pool.cached.items() if isinstance(k, int)} == {1: [0], 3: [2], 4: [3], 7: [4], 8: [5], 9: [1]}
+    shared = {k: v for k, v in pool.cached.items() if isinstance(k, int)}
+    assert shared == {1: [0], 3: [2], 4: [3], 7: [4], 8: [5], 9: [1]}
     # e (prompt 33, keys 1, 2) then hits key 1 only (block 0): 33 - 16 = 17 tokens to prefill.
     rows, st = _run("vllm-v1", V1, arrival=[0, 1, 2, 3], prompt=[32, 32, 48, 33], limit=[1, 1, 1, 1], pages=6,
                     keys=[[1, 2], [3, 4], [7, 8, 9], [1, 2]])

@@ -45,8 +45,9 @@ def request_maker(keys_by_id: dict[str, list[int]]):
             raise ValueError(f"request {spec['request_id']}: more keyed tokens than input_tokens")
         prompt += [20000 + index] * (int(spec["input_tokens"]) - len(prompt))
         params = SamplingParams(max_tokens=int(spec["output_tokens"]), ignore_eos=True)
+        hasher = get_request_block_hasher(block_size, sha256)
         return Request(request_id=str(spec["request_id"]), prompt_token_ids=prompt, sampling_params=params,
-                       pooling_params=None, eos_token_id=None, block_hasher=get_request_block_hasher(block_size, sha256))
+                       pooling_params=None, eos_token_id=None, block_hasher=hasher)
 
     return make_request
 
