@@ -119,7 +119,7 @@ def test_python_sum_is_the_interpreters_sum():
         n = int(rng.integers(0, 300))
         x = rng.integers(0, 5000, n) * float(rng.uniform(0.01, 1.0))
         want = sum(float(v) for v in x)
-        assert compiled.python_sum(x, n, sys.version_info >= (3, 12)) == want
+        assert compiled.python_sum(np.concatenate([[7.0], x]), 1, n, sys.version_info >= (3, 12)) == want
 
 
 def _pair(case: dict):

@@ -12,10 +12,12 @@ counterpart here with its name; the data structures are flat:
   heads and lengths, the chunked request, ``batch_is_full``, the knobs, the ``PrefillAdder``'s
   integer budgets) an int64 vector ``s``, its floats (``new_token_ratio``, its constants, the
   adder's ``rem_total_token_offset``) a float64 vector ``f``;
-* the waiting queue is a ring buffer (arrivals and retracted requests join its tail, admission
-  takes its head: what ``PrefillAdder`` admits is always a prefix of the queue); the running batch
-  an array in admission order; a step's ``scheduled`` map two arrays (requests, new tokens) in
-  insertion order;
+* the queues are the rows of one int64 array ``Q``: the waiting queue a ring buffer (arrivals and
+  retracted requests join its tail, admission takes its head: what ``PrefillAdder`` admits is
+  always a prefix of the queue), the running batch in admission order, a step's ``scheduled`` map
+  (requests, new tokens) in insertion order. Few arrays, because every array passed to a numba
+  function that is not inlined costs an atomic reference-count increment and decrement per call,
+  which dominated the run when the queues were seven arrays;
 * the new-token ratio's float arithmetic is the reference's: ``rem_total_token_offset`` is Python's
   built-in ``sum`` of ``remaining x ratio`` over the running batch in its order (:func:`python_sum`:
   plain left-to-right addition up to Python 3.11, CPython's Neumaier-compensated sum from 3.12),
@@ -53,9 +55,12 @@ N_ROWS = 9
 (FREE, PAGE, W_HEAD, W_LEN, N_RUN, CHUNKED, FULL, N_SCHED, CLIP, CHUNK_SIZE, MAX_PREFILL, MAX_RUNNING,
  RETRACT_STEPS, COMPENSATED, CUR_OFF, REM_INPUT, REM_CHUNK, NEW_CHUNKED, POOL) = range(19)
 N_SCALARS = 19
-# the float scalars f
-RATIO, INIT_RATIO, MIN_RATIO, DECAY, TOTAL_OFF = range(5)
-N_FLOATS = 5
+# the float vector f: its scalars, then the terms of the PrefillAdder's sum (one per running request)
+RATIO, INIT_RATIO, MIN_RATIO, DECAY, TOTAL_OFF, TERMS = range(6)
+# rows of the queue array Q: the waiting ring buffer, the running batch, the step's requests and tokens,
+# retract_decode's order, the requests finished by a step
+WAITING_Q, RUNNING_Q, STEP_J, STEP_K, ORDER, DONE = range(6)
+N_QUEUES = 6
 # AddReqResult
 CONTINUE, NO_TOKEN, OTHER = range(3)
 # the kernel's return codes
@@ -121,61 +126,61 @@ def evict(R, s, j):
 
 # -- the queues -------------------------------------------------------------------------------
 @_inline
-def waiting_append(s, wq, j):
+def waiting_append(s, Q, j):
     """``waiting.append(j)``: the tail of the ring buffer."""
-    wq[(s[W_HEAD] + s[W_LEN]) % wq.size] = j
+    Q[WAITING_Q, (s[W_HEAD] + s[W_LEN]) % Q.shape[1]] = j
     s[W_LEN] += 1
 
 
 @_inline
-def waiting_popleft(s, wq):
+def waiting_popleft(s, Q):
     """``waiting.popleft()``."""
-    j = wq[s[W_HEAD]]
-    s[W_HEAD] = (s[W_HEAD] + 1) % wq.size
+    j = Q[WAITING_Q, s[W_HEAD]]
+    s[W_HEAD] = (s[W_HEAD] + 1) % Q.shape[1]
     s[W_LEN] -= 1
     return j
 
 
 @_inline
-def running_append(R, s, run, j):
+def running_append(R, s, Q, j):
     """``running.append(j)``."""
-    run[s[N_RUN]] = j
+    Q[RUNNING_Q, s[N_RUN]] = j
     s[N_RUN] += 1
     R[RUNNING, j] = 1
 
 
 @njit(cache=True)
-def running_keep(R, s, run):
+def running_keep(R, s, Q):
     """``running[:] = [j for j in running if j still runs]``: drop the requests whose RUNNING flag
     was cleared, keeping the others' order."""
     k = 0
     for i in range(s[N_RUN]):
-        j = run[i]
+        j = Q[RUNNING_Q, i]
         if R[RUNNING, j]:
-            run[k] = j
+            Q[RUNNING_Q, k] = j
             k += 1
     s[N_RUN] = k
 
 
 @_inline
-def schedule_push(s, sj, sk, j, k):
+def schedule_push(s, Q, j, k):
     """``step.scheduled[j] = k`` (a new key: every request is scheduled once per step)."""
-    sj[s[N_SCHED]] = j
-    sk[s[N_SCHED]] = k
+    Q[STEP_J, s[N_SCHED]] = j
+    Q[STEP_K, s[N_SCHED]] = k
     s[N_SCHED] += 1
 
 
 @njit(cache=True)
-def python_sum(x, n, compensated):
-    """Python's built-in ``sum`` of the floats ``x[:n]`` from its int start 0, operation by operation
-    (CPython ``builtin_sum_impl``): the first term is ``0 + x[0]``; then plain left-to-right addition
+def python_sum(x, start, n, compensated):
+    """Python's built-in ``sum`` of the floats ``x[start:start + n]`` from its int start 0, operation by operation
+    (CPython ``builtin_sum_impl``): the first term is ``0 + x[start]``; then plain left-to-right addition
     (Python <= 3.11) or Neumaier's compensated addition with the compensation added at the end when
     nonzero and finite (Python >= 3.12). An empty sum is 0."""
     if n == 0:
         return 0.0
-    total = 0.0 + x[0]
+    total = 0.0 + x[start]
     c = 0.0
-    for i in range(1, n):
+    for i in range(start + 1, start + n):
         if not compensated:
             total = total + x[i]
             continue
@@ -192,17 +197,17 @@ def python_sum(x, n, compensated):
 
 # -- PrefillAdder -----------------------------------------------------------------------------
 @njit(cache=True)
-def prefill_adder(R, s, f, run, terms):
+def prefill_adder(R, s, f, Q):
     """:class:`~kvdro.sim.engines.sglang.PrefillAdder` ``__init__``: the pass's budgets, and
     ``rem_total_token_offset`` = sum of ``max(0, min(max_new - generated, clip)) x ratio`` over the
-    running batch in its order (``terms`` is scratch space for the sum's terms)."""
+    running batch in its order (its terms in ``f[TERMS:]``)."""
     s[REM_INPUT] = s[MAX_PREFILL]
     s[REM_CHUNK] = s[CHUNK_SIZE]
     ratio = f[RATIO]
     for i in range(s[N_RUN]):
-        j = run[i]
-        terms[i] = max(0, min(R[MAX_NEW, j] - R[GEN, j], s[CLIP])) * ratio
-    f[TOTAL_OFF] = python_sum(terms, s[N_RUN], s[COMPENSATED] != 0)
+        j = Q[RUNNING_Q, i]
+        f[TERMS + i] = max(0, min(R[MAX_NEW, j] - R[GEN, j], s[CLIP])) * ratio
+    f[TOTAL_OFF] = python_sum(f, TERMS, s[N_RUN], s[COMPENSATED] != 0)
     s[CUR_OFF] = 0
     s[N_SCHED] = 0
     s[NEW_CHUNKED] = -1
@@ -247,19 +252,19 @@ def update_prefill_budget(s, f, extend, max_new_tokens):
 
 
 @njit(cache=True)
-def add_chunked_req(R, s, f, sj, sk, j):
+def add_chunked_req(R, s, f, Q, j):
     """``PrefillAdder.add_chunked_req``; returns ``j`` if still chunked, else -1."""
     rest = num_tokens(R, j) - R[COMP, j]
     room = min(s[REM_CHUNK], int(rem_total_tokens(s, f)))
     truncated = rest > room
     extend = min(rest, room)
-    schedule_push(s, sj, sk, j, extend)
+    schedule_push(s, Q, j, extend)
     update_prefill_budget(s, f, extend, 0 if truncated else min(R[MAX_NEW, j], s[CLIP]))
     return j if truncated else -1
 
 
 @njit(cache=True)
-def add_one_req(R, s, f, sj, sk, j):
+def add_one_req(R, s, f, Q, j):
     """``PrefillAdder.add_one_req``: an AddReqResult."""
     extend = num_tokens(R, j)
     total_tokens = extend + min(R[MAX_NEW, j], s[CLIP])
@@ -269,13 +274,13 @@ def add_one_req(R, s, f, sj, sk, j):
     if input_tokens > s[REM_INPUT] and s[N_SCHED] > 0:
         return OTHER
     if input_tokens <= s[REM_CHUNK]:
-        schedule_push(s, sj, sk, j, extend)
+        schedule_push(s, Q, j, extend)
         update_prefill_budget(s, f, extend, min(R[MAX_NEW, j], s[CLIP]))
     else:
         trunc = s[REM_CHUNK] // s[PAGE] * s[PAGE]
         if trunc <= 0:
             return OTHER
-        schedule_push(s, sj, sk, j, trunc)
+        schedule_push(s, Q, j, trunc)
         s[NEW_CHUNKED] = j
         update_prefill_budget(s, f, trunc, 0)
     return budget_state(s, f)
@@ -283,9 +288,9 @@ def add_one_req(R, s, f, sj, sk, j):
 
 # -- the scheduler's rules --------------------------------------------------------------------
 @njit(cache=True)
-def on_arrival(s, wq, j):
+def on_arrival(s, Q, j):
     """:func:`kvdro.sim.engines.sglang.on_arrival`."""
-    waiting_append(s, wq, j)
+    waiting_append(s, Q, j)
 
 
 @njit(cache=True)
@@ -303,8 +308,9 @@ def on_finish(s, n_done, decode):
 
 
 @njit(cache=True)
-def get_new_batch_prefill(R, s, f, wq, run, sj, sk, terms):
-    """:func:`kvdro.sim.engines.sglang.get_new_batch_prefill`; the step in ``sj``/``sk``. OK or ADMIT_OVERDRAW."""
+def get_new_batch_prefill(R, s, f, Q):
+    """:func:`kvdro.sim.engines.sglang.get_new_batch_prefill`; the step in ``Q[STEP_J]``/``Q[STEP_K]``. OK or
+    ADMIT_OVERDRAW."""
     s[N_SCHED] = 0
     chunked = s[CHUNKED]
     if (s[FULL] != 0 or s[W_LEN] == 0) and chunked < 0:
@@ -312,40 +318,40 @@ def get_new_batch_prefill(R, s, f, wq, run, sj, sk, terms):
     if s[N_RUN] >= s[MAX_RUNNING] and chunked < 0:
         s[FULL] = 1
         return OK
-    prefill_adder(R, s, f, run, terms)
+    prefill_adder(R, s, f, Q)
     if chunked >= 0:
-        chunked = add_chunked_req(R, s, f, sj, sk, chunked)
+        chunked = add_chunked_req(R, s, f, Q, chunked)
     for _ in range(s[W_LEN]):  # list(waiting): what is admitted is always the queue's head
         if s[N_SCHED] >= s[MAX_RUNNING] - s[N_RUN]:
             s[FULL] = 1
             break
-        j = wq[s[W_HEAD]]
+        j = Q[WAITING_Q, s[W_HEAD]]
         before = s[N_SCHED]
-        res = add_one_req(R, s, f, sj, sk, j)
+        res = add_one_req(R, s, f, Q, j)
         if s[N_SCHED] > before:  # j in adder.can_run
-            waiting_popleft(s, wq)
+            waiting_popleft(s, Q)
         if res != CONTINUE:
             if res == NO_TOKEN:
                 s[FULL] = 1
             break
     s[CHUNKED] = s[NEW_CHUNKED] if s[NEW_CHUNKED] >= 0 else chunked
     for i in range(s[N_SCHED]):
-        j = sj[i]
-        if not allocate(R, s, j, R[COMP, j] + sk[i]):
+        j = Q[STEP_J, i]
+        if not allocate(R, s, j, R[COMP, j] + Q[STEP_K, i]):
             return ADMIT_OVERDRAW
     for i in range(s[N_SCHED]):  # completed prefills join the running batch (the chunked one stays out)
-        j = sj[i]
+        j = Q[STEP_J, i]
         if j != s[CHUNKED] and R[RUNNING, j] == 0:
-            running_append(R, s, run, j)
+            running_append(R, s, Q, j)
     return OK
 
 
 @njit(cache=True)
-def check_decode_mem(R, s, reqs, n):
-    """:func:`kvdro.sim.engines.sglang.check_decode_mem` over ``reqs[:n]``."""
+def check_decode_mem(R, s, Q, row, n):
+    """:func:`kvdro.sim.engines.sglang.check_decode_mem` over the requests ``Q[row, :n]``."""
     need = 0
     for i in range(n):
-        j = reqs[i]
+        j = Q[row, i]
         need += pages_needed(R, s, j, R[COMP, j] + 1)
     return need <= s[FREE]
 
@@ -358,20 +364,20 @@ def _retract_before(R, a, b):
 
 
 @njit(cache=True)
-def retract_decode(R, s, f, wq, run, order):
+def retract_decode(R, s, f, Q):
     """:func:`kvdro.sim.engines.sglang.retract_decode`: retracts (to the waiting queue's tail, in
     retraction order) and returns the number retracted; the new ratio in ``f[RATIO]``."""
     m = s[N_RUN]
     for i in range(m):  # sorted(running, key=(generated, -prompt), reverse=True): a stable insertion sort
-        j = run[i]
+        j = Q[RUNNING_Q, i]
         p = i
-        while p > 0 and _retract_before(R, j, order[p - 1]):
-            order[p] = order[p - 1]
+        while p > 0 and _retract_before(R, j, Q[ORDER, p - 1]):
+            Q[ORDER, p] = Q[ORDER, p - 1]
             p -= 1
-        order[p] = j
+        Q[ORDER, p] = j
     need = 0
     for i in range(m):
-        j = order[i]
+        j = Q[ORDER, i]
         need += pages_needed(R, s, j, R[COMP, j] + 1)
     size = m
     first = True
@@ -380,16 +386,16 @@ def retract_decode(R, s, f, wq, run, order):
             break
         first = False
         size -= 1
-        j = order[size]
+        j = Q[ORDER, size]
         need -= pages_needed(R, s, j, R[COMP, j] + 1)
         evict(R, s, j)
         R[RUNNING, j] = 0
-        waiting_append(s, wq, j)
-    running_keep(R, s, run)
+        waiting_append(s, Q, j)
+    running_keep(R, s, Q)
     decoded = 0
     max_new = 0
     for i in range(s[N_RUN]):
-        j = run[i]
+        j = Q[RUNNING_Q, i]
         decoded += R[GEN, j]
         max_new += R[MAX_NEW, j]
     f[RATIO] = min(1.0, (decoded + s[RETRACT_STEPS] * s[N_RUN]) / max_new)
@@ -397,32 +403,32 @@ def retract_decode(R, s, f, wq, run, order):
 
 
 @njit(cache=True)
-def update_running_batch(R, s, f, wq, run, sj, sk, order):
-    """:func:`kvdro.sim.engines.sglang.update_running_batch`; the step in ``sj``/``sk``; returns
+def update_running_batch(R, s, f, Q):
+    """:func:`kvdro.sim.engines.sglang.update_running_batch`; the step in ``Q[STEP_J]``/``Q[STEP_K]``; returns
     (code, requests retracted)."""
     s[N_SCHED] = 0
     retracted = 0
-    if not check_decode_mem(R, s, run, s[N_RUN]):
-        retracted = retract_decode(R, s, f, wq, run, order)
+    if not check_decode_mem(R, s, Q, RUNNING_Q, s[N_RUN]):
+        retracted = retract_decode(R, s, f, Q)
         s[FULL] = 0
     else:
         f[RATIO] = max(f[RATIO] - f[DECAY], f[MIN_RATIO])
     for i in range(s[N_RUN]):
-        j = run[i]
+        j = Q[RUNNING_Q, i]
         if not allocate(R, s, j, R[COMP, j] + 1):
             return DECODE_SLOT, retracted
-        schedule_push(s, sj, sk, j, 1)
+        schedule_push(s, Q, j, 1)
     return OK, retracted
 
 
 @njit(cache=True)
-def schedule(R, s, f, wq, run, sj, sk, order, terms):
+def schedule(R, s, f, Q):
     """:func:`kvdro.sim.engines.sglang.schedule`: a prefill step if anything is admitted, else a
     decode step; returns (code, requests retracted)."""
-    code = get_new_batch_prefill(R, s, f, wq, run, sj, sk, terms)
+    code = get_new_batch_prefill(R, s, f, Q)
     if code != OK or s[N_SCHED] > 0 or s[N_RUN] == 0:
         return code, 0
-    return update_running_batch(R, s, f, wq, run, sj, sk, order)
+    return update_running_batch(R, s, f, Q)
 
 
 # -- the engine loop --------------------------------------------------------------------------
@@ -432,13 +438,7 @@ def _loop(arrival, R, s, f, c, admit, first, finish, final_cap, generated, total
     ``on_step``); the per-request outputs, ``totals`` and ``wide`` filled in place. A return code."""
     n = arrival.size
     m = max(n, 1)
-    wq = np.zeros(m, np.int64)
-    run = np.zeros(m, np.int64)
-    sj = np.zeros(m, np.int64)
-    sk = np.zeros(m, np.int64)
-    order = np.zeros(m, np.int64)
-    terms = np.zeros(m)
-    done = np.zeros(m, np.int64)
+    Q = np.zeros((N_QUEUES, m), np.int64)
     t = 0
     nxt = 0
     left = n
@@ -446,13 +446,13 @@ def _loop(arrival, R, s, f, c, admit, first, finish, final_cap, generated, total
     ok = True
     while left:
         while nxt < n and arrival[nxt] <= t:
-            on_arrival(s, wq, nxt)
+            on_arrival(s, Q, nxt)
             nxt += 1
         if s[W_LEN] == 0 and s[N_RUN] == 0 and s[CHUNKED] < 0:
             on_idle(s, f)
             t = max(t, arrival[nxt])
             continue
-        code, retracted = schedule(R, s, f, wq, run, sj, sk, order, terms)
+        code, retracted = schedule(R, s, f, Q)
         if code != OK:
             return code
         n_sched = s[N_SCHED]
@@ -470,8 +470,8 @@ def _loop(arrival, R, s, f, c, admit, first, finish, final_cap, generated, total
         empty_in_a_row = 0
         pre = pairs = dec = ctx = chunks = kv = 0
         for i in range(n_sched):
-            j = sj[i]
-            k = sk[i]
+            j = Q[STEP_J, i]
+            k = Q[STEP_K, i]
             cj = R[COMP, j]
             if k == 1 and R[GEN, j] >= 1 and cj + 1 == num_tokens(R, j):
                 dec += 1
@@ -483,25 +483,23 @@ def _loop(arrival, R, s, f, c, admit, first, finish, final_cap, generated, total
                 kv += cj + k
         dur = step_ps(c, pre, pairs, dec, ctx, chunks, kv)
         t += dur
+        if dur != 0 and t >= MAX_CLOCK_PS:  # run_preset's on_step: the drain limit
+            return CLOCK
         n_done = 0
-        for i in range(n_sched):
-            j = sj[i]
-            R[COMP, j] += sk[i]
+        for i in range(n_sched):  # the step's tokens, and on_step's admission and first-token times
+            j = Q[STEP_J, i]
+            R[COMP, j] += Q[STEP_K, i]
             if R[COMP, j] == num_tokens(R, j):
                 R[GEN, j] += 1
                 if R[GEN, j] == R[LIMIT, j]:
-                    done[n_done] = j
+                    Q[DONE, n_done] = j
                     n_done += 1
-        if dur != 0:  # run_preset's on_step
-            if t >= MAX_CLOCK_PS:
-                return CLOCK
-            t0 = t - dur
-            for i in range(n_sched):
-                j = sj[i]
+            if dur != 0:
                 if admit[j] < 0:
-                    admit[j] = t0
+                    admit[j] = t - dur
                 if R[GEN, j] >= 1 and first[j] < 0:
                     first[j] = t
+        if dur != 0:  # the rest of on_step
             used = (s[POOL] - s[FREE]) * s[PAGE]  # tokens of slots in use
             totals[STEPS] += 1
             totals[BUSY] += dur
@@ -514,7 +512,7 @@ def _loop(arrival, R, s, f, c, admit, first, finish, final_cap, generated, total
             else:
                 totals[PREFILL_STEPS] += 1
             for i in range(n_done):
-                j = done[i]
+                j = Q[DONE, i]
                 finish[j] = t
                 final_cap[j] = R[HELD, j] * s[PAGE]
                 generated[j] = R[GEN, j]
@@ -522,10 +520,10 @@ def _loop(arrival, R, s, f, c, admit, first, finish, final_cap, generated, total
                 return RANGE
         if n_done > 0:
             for i in range(n_done):
-                R[RUNNING, done[i]] = 0
-            running_keep(R, s, run)
+                R[RUNNING, Q[DONE, i]] = 0
+            running_keep(R, s, Q)
             for i in range(n_done):
-                release(R, s, done[i])
+                release(R, s, Q[DONE, i])
             left -= n_done
             on_finish(s, n_done, pre == 0)
     totals[END] = t
@@ -566,7 +564,7 @@ def run(engine: str, cfg, spec: EngineSpec, inp: EngineInput, max_new: np.ndarra
     s[MAX_RUNNING] = cfg.max_running_requests
     s[RETRACT_STEPS] = cfg.retract_decode_steps
     s[COMPENSATED] = sys.version_info >= (3, 12)  # builtin sum() of floats: Neumaier's since 3.12
-    f = np.zeros(N_FLOATS)
+    f = np.zeros(TERMS + max(n, 1))
     f[RATIO] = f[INIT_RATIO] = cfg.init_ratio
     f[MIN_RATIO] = cfg.min_ratio
     f[DECAY] = cfg.decay
