@@ -136,6 +136,12 @@ def test_same_errors_as_the_reference():
             run("vllm-v1", cfg, spec, late, late.output, clock, window=4096)
         messages.append(str(err.value))
     assert messages[0] == messages[1]
+    huge = _inputs([0], [3_000_000_000], [2])  # (computed + new)**2 leaves int64: the reference engine serves it
+    wide = Config(max_num_batched_tokens=4_000_000_000, enable_prefix_caching=False)
+    pool = EngineSpec(blocks=200_000_000, watermark_blocks=0, max_num_seqs=8, token_budget=10, free_block_rule=False)
+    for run in (run_preset, compiled.run):
+        with pytest.raises(ClockLimitError):  # a 3e9-token prefill lasts longer than the clock's range
+            run("vllm-v1", wide, pool, huge, huge.output, clock, window=4096)
     bad = _inputs([0], [0], [3])
     for run in (run_preset, compiled.run):
         with pytest.raises(ValueError, match="prompt"):
