@@ -389,4 +389,4 @@ def test_the_presets_share_the_engines_envelope(monkeypatch):
                        "request_class": ["a", "a"]})
     monkeypatch.setattr(engine_presets, "MAX_CLOCK_PS", 10**6)  # one microsecond: the first step passes it
     with pytest.raises(ClockLimitError, match="do not drain"):
-        simulate(tr, policy="vllm", engine="vllm-v1", rng=np.random.default_rng(0))
+        simulate(tr, policy="vllm", engine="vllm-v1", rng=np.random.default_rng(0), implementation="reference")

@@ -6,6 +6,7 @@ import pytest
 
 from kvdro.sim import default_deployment, simulate
 from kvdro.sim.engines import ENGINES
+from kvdro.sim.presets_compiled import COMPILED
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def test_every_preset_serves_every_request(engine, small):
     trace, dep = small
     r = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine=engine)
     m = r.metrics
-    assert r.engine == engine and r.implementation == "reference"
+    assert r.engine == engine and r.implementation == ("fast" if engine in COMPILED else "reference")
     assert m["completed"] + m["capped"] + m["rejected"] + m["ignored"] == len(trace) and m["capped"] == 0
     served = r.requests[r.requests["outcome"] == "completed"]
     assert (served["generated_tokens"] == np.maximum(served["output_tokens"], 1)).all()
@@ -59,7 +60,7 @@ def test_the_policy_estimate_as_max_new(small):
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"engine": "vllm-v2"}, "engine"),
-    ({"engine": "sglang", "implementation": "fast"}, "implementation"),
+    ({"engine": "sglang", "implementation": "fast-python"}, "implementation"),
     ({"engine": "reference", "implementation": "fast"}, "engine"),
     ({"max_new": 0}, "max_new"),
     ({"max_new": "maybe"}, "max_new"),
