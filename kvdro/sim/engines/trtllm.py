@@ -89,9 +89,11 @@ def _remaining_blocks_to_completion(st: EngineState, j: int) -> int:
 
 
 def _needed_blocks_one_step(st: EngineState, j: int) -> int:
-    """``KVCacheManager::getNeededBlocksOneStep``: the blocks of the request's next step
-    (its whole context in the context phase, a new block when the next token starts one)."""
-    return st.pages_needed(j, st.num_tokens(j) if st.computed[j] == 0 else st.computed[j] + 1)
+    """``KVCacheManager::getNeededBlocksOneStep``: the blocks of the request's next step -- its whole
+    context in the context phase (the first chunk of a chunked prefill takes the blocks of the whole
+    prompt, later chunks need none), a new block when the next decode token starts one. Both are
+    the blocks of ``num_tokens`` (in the decode phase ``computed + 1 == num_tokens``)."""
+    return st.pages_needed(j, st.num_tokens(j))
 
 
 def guaranteed_no_evict(st: EngineState, cfg: Config) -> list[int]:

@@ -44,8 +44,7 @@ def _remaining_blocks_to_completion(rq, sc, j):
 @njit(cache=True, inline="always", _nrt=False)
 def _needed_blocks_one_step(rq, sc, j):
     """:func:`kvdro.sim.engines.trtllm._needed_blocks_one_step`."""
-    c = rq[COMPUTED, j]
-    return pages_needed(rq, sc, j, num_tokens(rq, j) if c == 0 else c + 1)
+    return pages_needed(rq, sc, j, num_tokens(rq, j))
 
 
 @njit(cache=True, inline="always", _nrt=False)
