@@ -22,7 +22,8 @@ from kvdro.sim.presets_compiled import sglang as compiled
 from kvdro.sim.scheduler import EngineInput, EngineSpec
 from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError, StepClock
 
-FIELDS = ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens", "generated")
+FIELDS = ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens",
+          "generated")
 CLOCKS = {}
 
 
@@ -84,7 +85,8 @@ def random_case(rng: np.random.Generator) -> dict:
 def outcome(fn, case: dict):
     """('ok', per-request arrays, totals) or ('error', type, message) of one run."""
     try:
-        out = fn("sglang", case["cfg"], case["spec"], case["inp"], case["max_new"], case["clock"], window=case["window"])
+        out = fn("sglang", case["cfg"], case["spec"], case["inp"], case["max_new"], case["clock"],
+                 window=case["window"])
     except (AssertionError, InvariantError, ClockLimitError, ValueError) as e:
         return ("error", type(e).__name__, str(e))
     assert out.trace is None

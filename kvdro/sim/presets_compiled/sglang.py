@@ -172,10 +172,10 @@ def schedule_push(s, Q, j, k):
 
 @njit(cache=True)
 def python_sum(x, start, n, compensated):
-    """Python's built-in ``sum`` of the floats ``x[start:start + n]`` from its int start 0, operation by operation
-    (CPython ``builtin_sum_impl``): the first term is ``0 + x[start]``; then plain left-to-right addition
-    (Python <= 3.11) or Neumaier's compensated addition with the compensation added at the end when
-    nonzero and finite (Python >= 3.12). An empty sum is 0."""
+    """Python's built-in ``sum`` of the floats ``x[start:start + n]`` from its int start 0, operation
+    by operation (CPython ``builtin_sum_impl``): the first term is ``0 + x[start]``; then plain
+    left-to-right addition (Python <= 3.11) or Neumaier's compensated addition with the compensation
+    added at the end when nonzero and finite (Python >= 3.12). An empty sum is 0."""
     if n == 0:
         return 0.0
     total = 0.0 + x[start]
@@ -309,8 +309,8 @@ def on_finish(s, n_done, decode):
 
 @njit(cache=True)
 def get_new_batch_prefill(R, s, f, Q):
-    """:func:`kvdro.sim.engines.sglang.get_new_batch_prefill`; the step in ``Q[STEP_J]``/``Q[STEP_K]``. OK or
-    ADMIT_OVERDRAW."""
+    """:func:`kvdro.sim.engines.sglang.get_new_batch_prefill`; the step in ``Q[STEP_J]`` and
+    ``Q[STEP_K]``. Returns OK or ADMIT_OVERDRAW."""
     s[N_SCHED] = 0
     chunked = s[CHUNKED]
     if (s[FULL] != 0 or s[W_LEN] == 0) and chunked < 0:
@@ -404,8 +404,8 @@ def retract_decode(R, s, f, Q):
 
 @njit(cache=True)
 def update_running_batch(R, s, f, Q):
-    """:func:`kvdro.sim.engines.sglang.update_running_batch`; the step in ``Q[STEP_J]``/``Q[STEP_K]``; returns
-    (code, requests retracted)."""
+    """:func:`kvdro.sim.engines.sglang.update_running_batch`; the step in ``Q[STEP_J]`` and
+    ``Q[STEP_K]``. Returns (code, requests retracted)."""
     s[N_SCHED] = 0
     retracted = 0
     if not check_decode_mem(R, s, Q, RUNNING_Q, s[N_RUN]):
