@@ -14,7 +14,8 @@ QUICK = 40
 
 
 def _sweep(out, **kw):
-    args = dict(workloads=["conversation"], engines=ENGINES, quick=QUICK, out_dir=out, n_jobs=1, verbose=False)
+    args = dict(workloads=["conversation"], engines=ENGINES, quick=QUICK, points="primary", out_dir=out, n_jobs=1,
+                verbose=False)
     return bench.run_family("conversation", **(args | kw))
 
 
@@ -52,13 +53,20 @@ def test_pick_point_rules():
 def test_cells_follow_the_named_primary_point():
     cl = atlas.cells()
     assert {c.family for c in cl} == set(atlas.FAMILIES)
-    assert all(c.rule in (atlas.RULE_MEMORY, atlas.RULE_EDGE) for c in cl)
-    conv = next(c for c in cl if c.workload == "conversation")
+    assert all(c.rule in (atlas.RULE_MEMORY, atlas.RULE_EDGE, atlas.RULE_RANGE) for c in cl)
+    assert all(c.rule in (atlas.RULE_MEMORY, atlas.RULE_EDGE) for c in atlas.cells(points="primary"))
+    conv = next(c for c in cl if c.workload == "conversation" and c.rule != atlas.RULE_RANGE)
     from kvdro.sim.regimes import NAMED_POINTS
 
     _, dep, load = NAMED_POINTS["memory"]
     assert (conv.deployment, conv.load, conv.rule) == (dep, load, atlas.RULE_MEMORY)
     assert len({c.key for c in cl}) == len(cl)
+    # around the primary point: every stable load of its deployment from the highest light one up
+    loads = [c.load for c in cl if c.workload == "conversation"]
+    assert loads == sorted(loads) and 0.7 in loads and all(c.deployment == dep for c in cl if c.workload == "conversation")
+    assert [c.load for c in atlas.cells(["conversation"], "primary") if c.workload == "conversation"] == [0.7]
+    with pytest.raises(ValueError, match="points"):
+        atlas.cells(points="some")
 
 
 def test_every_arm_runs_and_is_labelled_reduced(sweep):
@@ -136,8 +144,8 @@ def test_rerun_and_resume_are_byte_identical(sweep, tmp_path, monkeypatch):
     ({"quick": 1}, "quick"),
 ])
 def test_bad_input_names_the_argument(kw, name, tmp_path):
-    args = dict(family="conversation", workloads=["conversation"], engines=ENGINES, quick=QUICK, out_dir=tmp_path,
-                n_jobs=1, verbose=False) | kw
+    args = dict(family="conversation", workloads=["conversation"], engines=ENGINES, quick=QUICK, points="primary",
+                out_dir=tmp_path, n_jobs=1, verbose=False) | kw
     with pytest.raises(ValueError, match=name):
         bench.run_family(args.pop("family"), **args)
 
@@ -146,4 +154,4 @@ def test_reduced_sweep_refused_in_data():
     with pytest.raises(ValueError, match="out_dir"):
         bench.run_family("conversation", quick=QUICK, out_dir=bench.DATA, verbose=False)
     with pytest.raises(ValueError, match="arm"):
-        atlas.run_arm(atlas.cells(["conversation"])[0], "vllm-v1", "look-ahead", quick_requests=QUICK)
+        atlas.run_arm(atlas.cells(["conversation"], "primary")[0], "vllm-v1", "look-ahead", quick_requests=QUICK)

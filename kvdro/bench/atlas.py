@@ -22,7 +22,8 @@ It prints the cells it runs (with the rule that chose each) and the wall time of
 ``--list`` prints the cells and the number of runs and stops.
 
 **Reduced sweeps.** ``--quick N`` (the first N requests of each cell's trace), ``--engines`` or
-``--workloads`` (a subset) give a reduced sweep: it is printed as REDUCED, its files are named
+``--workloads`` (a subset) or ``--points primary`` (each rule's point only) give a reduced sweep:
+it is printed as REDUCED, its files are named
 ``atlas_reduced_<family>.csv`` with a ``sweep`` column saying what was cut, and it is refused in
 ``data/`` (``--out DIR`` is required): a reduced sweep is never written over, or beside, the full cache.
 """
@@ -98,17 +99,21 @@ def _read_partial(path: Path) -> pd.DataFrame:
 
 
 def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, backend: str = "loky", engines=None,
-               workloads=None, quick: int | None = None, resume: bool = True, verbose: bool = True):
+               workloads=None, quick: int | None = None, points: str = "all", resume: bool = True,
+               verbose: bool = True):
     """Run (or resume) one family and write its two tables; returns (runs, value table, wall time [s]).
 
-    ``quick`` (first N requests per cell), ``engines`` or ``workloads`` (subsets) make the sweep
-    reduced (module docstring): refused in ``data/``. ValueError names a bad argument."""
+    ``quick`` (first N requests per cell), ``engines`` or ``workloads`` (subsets) or
+    ``points="primary"`` (only each rule's point, not the load range) make the sweep reduced (module
+    docstring): refused in ``data/``. ValueError names a bad argument."""
     from joblib import Parallel, delayed
 
     from kvdro.cachefile import ensure_writable, partial_path, write_csv_atomic
 
     (family,) = atlas.check_families((family,))
     n_jobs = _check_jobs(n_jobs)
+    if points not in atlas.POINTS:
+        raise ValueError(f"points: must be one of {atlas.POINTS}, got {points!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
     engines = atlas.check_engines(engines)
@@ -122,6 +127,7 @@ def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, back
     cut = [f"first {quick} requests per cell"] if quick is not None else []
     cut += [f"engines {list(engines)}"] if engines != atlas.ENGINES else []
     cut += [f"workloads {list(workloads)}"] if workloads is not None else []
+    cut += ["only the rule's point per workload and GPU"] if points == "primary" else []
     out_dir = Path(out_dir)
     if cut and out_dir.resolve() == DATA.resolve():
         raise ValueError("out_dir: a reduced sweep (" + "; ".join(cut) + ") is never written in data/, beside the full atlas")
@@ -130,7 +136,7 @@ def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, back
     runs_path, value_path = out_dir / f"{stem}.csv", out_dir / f"{stem.replace('atlas_', 'atlas_value_', 1)}.csv"
     part = partial_path(runs_path)
 
-    cell_list = [c for c in atlas.cells([family]) if workloads is None or c.workload in workloads]
+    cell_list = [c for c in atlas.cells([family], points) if workloads is None or c.workload in workloads]
     todo = atlas.tasks(cell_list, engines)
     say = print if verbose else (lambda *a, **k: None)
     say(f"family {family}: {len(cell_list)} cells x arms = {len(todo)} runs" + (f"  [REDUCED: {'; '.join(cut)}]" if cut else ""))
@@ -185,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="loky", help="joblib backend: loky (processes) or dask (a local cluster)")
     ap.add_argument("--engines", default=None, help="comma-separated presets (a subset makes the sweep REDUCED)")
     ap.add_argument("--workloads", default=None, help="comma-separated atlas workloads of one family (REDUCED)")
+    ap.add_argument("--points", default="all", choices=atlas.POINTS,
+                    help="all: the load range of each workload and GPU; primary: the rule's point only (REDUCED)")
     ap.add_argument("--quick", type=int, default=None, metavar="N", help="first N requests per cell (REDUCED)")
     ap.add_argument("--out", default=str(DATA), help="folder of the tables (default data/; a reduced sweep needs another)")
     ap.add_argument("--no-resume", action="store_true", help="ignore finished runs of an interrupted sweep")
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             total = 0
             for fam in families:
-                cl = atlas.cells([fam])
+                cl = atlas.cells([fam], args.points)
                 n = len(atlas.tasks(cl, engines))
                 total += n
                 print(f"family {fam}: {len(cl)} cells, {n} runs")
@@ -208,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         walls = {}
         for fam in families:
             walls[fam] = run_family(fam, out_dir=args.out, n_jobs=args.n_jobs, backend=args.backend, engines=engines,
-                                    workloads=workloads, quick=args.quick, resume=not args.no_resume)[2]
+                                    workloads=workloads, quick=args.quick, points=args.points,
+                                    resume=not args.no_resume)[2]
     except ValueError as exc:
         print(f"python -m kvdro.bench atlas: {exc}")
         return 2

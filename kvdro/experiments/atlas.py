@@ -19,8 +19,11 @@ map: **"memory-bound, stable"** -- the cells where vLLM preempts with mean KV us
 queue drains (:func:`kvdro.sim.regimes.memory_bound_stable`), the one with the lowest SLO violation
 (ties: the lower load), chapter 8's rule for its primary point; where the map has none, **"stable,
 highest KV"** -- the stable cell with the highest mean KV use (ties: the lower load): the most
-memory pressure the deployment carries while its queue still drains. The rule's name is in every
-row (``rule``). (Model, GPU) pairs without a regime map (Llama-2-70B on H100) are not in the atlas.
+memory pressure the deployment carries while its queue still drains. Around that point, on the
+same deployment, the atlas also runs **every stable load from the map's highest light load up**
+(rule ``"stable, from the highest light load up"``): the loads over which memory comes to bind,
+none past saturation (a queue that never drains is not a serving point). ``points="primary"``
+keeps only the rule's point (a reduced sweep). The rule's name is in every row (``rule``). (Model, GPU) pairs without a regime map (Llama-2-70B on H100) are not in the atlas.
 
 **Engines** :data:`ENGINES` (the presets of :mod:`kvdro.sim.engines`) and **arms** (:data:`ARMS`):
 
@@ -105,6 +108,9 @@ for _w, (_f, *_rest) in _WORKLOADS.items():
 
 RULE_MEMORY = "memory-bound, stable: lowest SLO violation"
 RULE_EDGE = "stable, highest KV (no memory-bound stable cell)"
+RULE_RANGE = "stable, from the highest light load up"
+#: Which loads :func:`cells` takes per (workload, model, GPU): all of the range, or the rule's point.
+POINTS: tuple[str, ...] = ("all", "primary")
 
 
 @dataclass(frozen=True)
@@ -219,9 +225,23 @@ def _map(name: str) -> pd.DataFrame:
     return load_map(DATA / "regimes_workloads.csv")
 
 
-def cells(families=None) -> list[Cell]:
+def load_range(rows: pd.DataFrame, row: pd.Series) -> list[float]:
+    """The loads the atlas runs around ``row`` (:func:`pick_point`'s choice) on its deployment: every
+    stable load from the deployment's highest light load up (its lowest load if none is light),
+    with ``row``'s own load, ascending."""
+    on = rows[rows["deployment"] == row["deployment"]]
+    light = on[on["regime"] == "light"]
+    lo = float(light["load"].max()) if len(light) else float(on["load"].min())
+    loads = set(on.loc[on["stable"].astype(bool) & (on["load"] >= lo), "load"].astype(float)) | {float(row["load"])}
+    return sorted(loads)
+
+
+def cells(families=None, points: str = "all") -> list[Cell]:
     """The atlas's cells of ``families`` (default: all), in a fixed order, each picked by
-    :func:`pick_point` from its cached regime map (module docstring)."""
+    :func:`pick_point` (and, with ``points="all"``, :func:`load_range`) from its cached regime map
+    (module docstring)."""
+    if points not in POINTS:
+        raise ValueError(f"points: must be one of {POINTS}, got {points!r}")
     out = []
     for fam in check_families(families):
         for w in FAMILIES[fam]:
@@ -232,10 +252,13 @@ def cells(families=None) -> list[Cell]:
                 if map_name == "regimes_workloads":
                     rows = rows[rows["gpu"] == gpu]
                 row, rule = pick_point(rows)
-                out.append(Cell(family=fam, workload=w, model=model, gpu=gpu, deployment=str(row["deployment"]),
-                                load=float(row["load"]), rule=rule, map_regime=str(row["regime"]),
-                                fit="training half" if map_name == "headroom" else "in sample",
-                                window_s=R1_WINDOW_S if w == "r1" else float("nan")))
+                on = rows[rows["deployment"] == row["deployment"]].set_index("load")
+                for load in (load_range(rows, row) if points == "all" else [float(row["load"])]):
+                    out.append(Cell(family=fam, workload=w, model=model, gpu=gpu, deployment=str(row["deployment"]),
+                                    load=load, rule=rule if load == float(row["load"]) else RULE_RANGE,
+                                    map_regime=str(on.loc[load, "regime"]),
+                                    fit="training half" if map_name == "headroom" else "in sample",
+                                    window_s=R1_WINDOW_S if w == "r1" else float("nan")))
     return out
 
 
