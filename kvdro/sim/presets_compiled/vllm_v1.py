@@ -8,8 +8,8 @@ signature and result. The waiting queue is the ring of ``engine_state`` (arrival
 preempted requests at the front), the running batch its array in admission order.
 
 The prefix cache's free block queue (``enable_prefix_caching``, on by default) is a fixed-size
-doubly linked list over the pool's physical blocks, as vLLM's own ``FreeKVCacheBlockQueue`` is
-(``vllm/v1/core/block_pool.py``): allocation pops the head, freed blocks join the tail, each block
+doubly linked list over the pool's physical blocks, as vLLM's own ``FreeKVCacheBlockQueue`` is:
+allocation pops the head, freed blocks join the tail, each block
 tagged with the ``(owner, index, epoch)`` of the reference's queue entry. A prefix-cache hit unlinks
 the request's blocks from the middle of the list (a preempted request keeps the chain of its freed
 blocks from its block 0), where the reference leaves them in its deque and skips them when it pops
