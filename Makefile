@@ -30,9 +30,9 @@ $(STAMP): pyproject.toml constraints.txt
 	  -c constraints.txt -e ".[book,dev,sharegpt]" || $(BIN)/python -m pip install --quiet -c constraints.txt -e ".[book,dev,sharegpt]"
 	touch $(STAMP)
 
-# numba's on-disk cache of the compiled engine, once per install (16 CPU s); the kit builds beside it
+# numba's on-disk cache of the compiled engines (vllm-v0 and the presets), once per install (~60 CPU s); the kit builds beside it
 WARM := $(VENV)/.numba-warm
-$(WARM): $(STAMP) kvdro/sim/_engine_kernels.py
+$(WARM): $(STAMP) kvdro/sim/_engine_kernels.py $(wildcard kvdro/sim/presets_compiled/*.py)
 	$(BIN)/python -c "from kvdro.sim.engine_compiled import warm_up; warm_up()"
 	touch $(WARM)
 

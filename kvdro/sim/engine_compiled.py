@@ -239,4 +239,7 @@ def warm_up() -> bool:
     inp = EngineInput(arrival_ps=zeros, prompt=np.full(n, 30, dtype=np.int64), output=np.full(n, 40, dtype=np.int64),
                       reserve_blocks=zeros, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=zeros)
     run_compiled(spec, inp, clock)
+    from kvdro.sim.presets_compiled import warm_up as warm_up_presets
+
+    warm_up_presets()
     return True

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-__all__ = ["COMPILED", "MODULES", "run_compiled_preset", "has_compiled"]
+__all__ = ["COMPILED", "MODULES", "run_compiled_preset", "has_compiled", "warm_up"]
 
 #: preset -> the module of this package that runs it (its ``run(engine, cfg, spec, inp, max_new, clock, *, window)``).
 MODULES: dict[str, str] = {
@@ -50,3 +50,24 @@ def run_compiled_preset(engine: str, cfg, spec, inp, max_new, clock, *, window: 
         raise ValueError(f"implementation: the preset {engine!r} has no compiled implementation (it has: {COMPILED})")
     module = importlib.import_module(f"{__name__}.{MODULES[engine]}")
     return module.run(engine, cfg, spec, inp, max_new, clock, window=window)
+
+
+def warm_up() -> None:
+    """Compile every compiled preset into numba's on-disk cache (``make install`` calls it once through
+    :func:`kvdro.sim.engine_compiled.warm_up`): 20 tiny requests through each, so that no test worker
+    or chapter pays the ~10 CPU s per engine family, or compiles it at the same time as another."""
+    import numpy as np
+
+    from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
+    from kvdro.sim.engines import make_config
+    from kvdro.sim.scheduler import EngineInput, EngineSpec
+    from kvdro.sim.timing import StepClock
+
+    clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
+    spec = EngineSpec(blocks=40, watermark_blocks=0, max_num_seqs=8, token_budget=400, free_block_rule=True)
+    n = 20
+    zeros = np.zeros(n, dtype=np.int64)
+    inp = EngineInput(arrival_ps=zeros, prompt=np.full(n, 30, dtype=np.int64), output=np.full(n, 40, dtype=np.int64),
+                      reserve_blocks=zeros, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=zeros)
+    for engine in COMPILED:
+        run_compiled_preset(engine, make_config(engine), spec, inp, np.full(n, 40, dtype=np.int64), clock, window=4096)
