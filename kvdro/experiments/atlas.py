@@ -346,21 +346,29 @@ def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = N
 
 
 def _pair(a: pd.Series, b: pd.Series) -> unc.Interval:
-    units = np.stack([unc.decode(a["served_blocks"]), unc.decode(b["served_blocks"])], axis=1) / float(a["span_s"])
-    return unc.change(lambda s: s[:, 0], lambda s: s[:, 1], units, unit="req/s", floor=1e-9)
+    span = float(a["span_s"])
+    units = np.stack([unc.decode(a["served_blocks"]), unc.decode(b["served_blocks"])], axis=1) / span
+    # floor: one request over the span (an empty baseline counts as one request, as for counts)
+    return unc.change(lambda s: s[:, 0], lambda s: s[:, 1], units, unit="req/s", floor=1.0 / span)
 
 
 def compare(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` (rows of :func:`run_arm`) with each arm's paired goodput change [%] against its
     engine's ``default`` (``vs_default_*``) and against ``vllm-v1``'s ``default`` (``vs_v1_*``): the
     point, the 95 % moving-block interval, the difference [req/s] with its interval, and whether the
-    baseline comes near zero in resamples (then read the difference)."""
+    baseline comes near zero in resamples (then read the difference: a ratio over a baseline that a
+    resample can leave empty says nothing; an empty baseline counts as one request). The baseline's
+    own row is 0."""
     idx = frame.set_index(["cell", "engine", "arm"])
     out = frame.copy()
     for tag, base_of in (("default", lambda c, e: (c, e, "default")), ("v1", lambda c, e: (c, "vllm-v1", "default"))):
         cols: dict[str, list] = {k: [] for k in ("pct", "lo", "hi", "diff_rps", "diff_lo", "diff_hi", "base_near_zero")}
         for _, row in frame.iterrows():
             key = base_of(row["cell"], row["engine"])
+            if key == (row["cell"], row["engine"], row["arm"]):  # the baseline itself: no change
+                for k, v in zip(cols, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False)):
+                    cols[k].append(v)
+                continue
             if key not in idx.index:
                 for k in cols:
                     cols[k].append(np.nan)
