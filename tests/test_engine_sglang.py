@@ -41,11 +41,24 @@ def test_prefill_adder_discounts_running_requests_by_the_ratio():
     assert rows[1][1] == {1: 100}  # P = 1030: 300 < 300.7 -> a prefill-only step of r2
     rows, st = _run([100, 100], [900, 200], [0, 1], pages=1029)
     # P = 1029: 300 >= 299.7 -> NO_TOKEN, batch_is_full: r2 waits although the ratio decays every
-    # step, until the running batch shrinks (r1 finishes at step 899: token k+1 at step k);
-    # it is prefilled at step 900.
+    # step, until the running batch shrinks (r1 finishes at step 899: token k+1 at step k). SGLang
+    # sees that one iteration later: at 900 get_new_batch_prefill still finds the batch full, then
+    # update_running_batch filters r1 out (batch_is_full cleared) and nothing runs; r2 is
+    # prefilled at step 901.
     assert rows[1][1] == {0: 1}
-    assert all(1 not in r[1] for r in rows[1:900]) and rows[899][3] == [0]
-    assert rows[900][1] == {1: 100}
+    assert all(1 not in r[1] for r in rows[1:901]) and rows[899][3] == [0]
+    assert rows[900][1] == {} and rows[901][1] == {1: 100}
+
+
+def test_a_batch_that_finishes_at_its_prefill_is_no_longer_full():
+    # max_running_requests 1: r0 is admitted and the pass marks the batch full (no room for r1). r0
+    # (one output token) finishes at its prefill; SGLang's get_next_batch_to_run filters that prefill
+    # batch, it shrank, batch_is_full is cleared, and r1 is admitted in the next step (it once waited
+    # for ever: an InvariantError).
+    cfg = make_config("sglang", {"max_running_requests": 1})
+    rows, _ = _run([10, 10], [1, 5], [0, 0], pages=1000, cfg=cfg)
+    assert rows[0][1] == {0: 10} and rows[0][3] == [0]
+    assert rows[1][1] == {1: 10}
 
 
 def test_a_long_prompt_is_chunked_in_prefill_only_steps():

@@ -143,8 +143,9 @@ def test_sglang_retracted_request_hits_its_cached_prompt_on_readmission():
     # 23. Step 24: check_decode_mem fails, nothing evictable (both prompts locked): retract_decode
     # takes b (tie on generated and prompt: the sort keeps a first) with 24 generated, 55 computed.
     # release_kv_cache(is_insert=False) frees its 23 output slots and unlocks its prompt: cached.
-    # a ends at step 39 (its 40th token); step 40 re-admits b: 32 + 24 = 56 tokens, 32 matched in
-    # the tree -> 24 to prefill, 55 - 32 = 23 recomputed. Without keys: 56 prefilled, 55 recomputed.
+    # a ends at step 39 (its 40th token); at step 40 SGLang still finds the batch full (b was refused
+    # meanwhile) and only filters a out; step 41 re-admits b: 32 + 24 = 56 tokens, 32 matched in the
+    # tree -> 24 to prefill, 55 - 32 = 23 recomputed. Without keys: 56 prefilled, 55 recomputed.
     runs = {}
     for keys in ([[1, 2], [3, 4]], None):
         rows, st = _run("sglang", SG, arrival=[0, 0], prompt=[32, 32], limit=[40, 40], max_new=[1, 1], pages=110,
@@ -152,7 +153,7 @@ def test_sglang_retracted_request_hits_its_cached_prompt_on_readmission():
         runs[keys is not None] = (rows, st)
     for shared, prefill, recomputed in ((True, 24, 23), (False, 56, 55)):
         rows, st = runs[shared]
-        assert rows[24] == {0: 1} and rows[40] == {1: prefill}
+        assert rows[24] == {0: 1} and rows[40] == {} and rows[41] == {1: prefill}
         assert st.preemptions == [0, 1] and st.recomputed == [0, recomputed]
     assert runs[True][1].prefix.hit_tokens == [0, 32]
 

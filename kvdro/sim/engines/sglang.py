@@ -16,7 +16,8 @@ after 600 quiet decode steps (0.001003 per step). ``chunked_prefill_size`` 8192 
 One event-loop iteration (:func:`schedule`):
 
 1. :func:`get_new_batch_prefill`: unless the running batch is marked full (``batch_is_full``, set
-   when admission ran out of tokens, cleared when the running batch shrinks), a
+   when admission ran out of tokens, cleared when a batch shrinks as the scheduler filters it: see
+   :func:`schedule`), a
    :class:`PrefillAdder` walks the waiting queue FCFS. Its ``rem_total_tokens`` = free slots minus
    ``ratio x sum over running requests of min(max_new - generated, 4096)`` minus what it already
    admitted (each admitted request's extend length plus its own ``min(max_new, 4096)``). A request
@@ -223,9 +224,10 @@ def on_idle(st: EngineState, cfg: Config) -> None:
 
 
 def on_finish(st: EngineState, cfg: Config, done: list[int], decode: bool) -> None:
-    """``update_running_batch``: a running batch that shrank is no longer full."""
-    if decode and done:
-        st.extra["batch_is_full"] = False
+    """Requests finished in the last step: the batch they ran in shrinks when the scheduler next
+    filters it (:func:`schedule`), and a batch that shrank is no longer full."""
+    if done:
+        st.extra["shrank"] = True
 
 
 def get_new_batch_prefill(st: EngineState, cfg: Config) -> Step:
@@ -312,11 +314,27 @@ def update_running_batch(st: EngineState, cfg: Config) -> Step:
 
 
 def schedule(st: EngineState, cfg: Config) -> Step:
-    """One event-loop iteration (module docstring): a prefill step if anything is admitted, else a decode step."""
+    """One event-loop iteration, ``Scheduler.get_next_batch_to_run`` (module docstring): a prefill
+    step if anything is admitted, else a decode step.
+
+    ``batch_is_full`` is cleared where SGLang clears it: before the prefill pass, when the last
+    step was a prefill batch that shrank as it was filtered (a request finished at its prefill, or
+    the chunked request was moved out); after a prefill pass that admitted nothing, when the last
+    step was a decode in which requests finished (``update_running_batch``'s ``filter_batch`` --
+    one step later than the finish, as in the engine; also when that emptied the running batch)."""
     st.extra.setdefault("new_token_ratio", cfg.init_ratio)
     if st.prefix is not None:  # the last prefill's results: cache_unfinished_req
         st.prefix.commit(st)
+    shrank = st.extra.pop("shrank", False)
+    last_prefill = st.extra.pop("last_prefill", False)
+    if last_prefill and (shrank or st.extra.get("chunked_req") is not None):
+        st.extra["batch_is_full"] = False
     step = get_new_batch_prefill(st, cfg)
-    if step.scheduled or not st.running:
+    if step.scheduled:
+        st.extra["last_prefill"] = True
+        return step
+    if shrank and not last_prefill:
+        st.extra["batch_is_full"] = False
+    if not st.running:
         return step
     return update_running_batch(st, cfg)

@@ -53,8 +53,8 @@ PROMPT, LIMIT, MAX_NEW, GEN, COMP, HELD, PREEMPT, RECOMP, RUNNING = range(9)
 N_ROWS = 9
 # the integer scalars s: the pool, the queues, the engine's flags, the knobs, the PrefillAdder's budgets
 (FREE, PAGE, W_HEAD, W_LEN, N_RUN, CHUNKED, FULL, N_SCHED, CLIP, CHUNK_SIZE, MAX_PREFILL, MAX_RUNNING,
- RETRACT_STEPS, COMPENSATED, CUR_OFF, REM_INPUT, REM_CHUNK, NEW_CHUNKED, POOL) = range(19)
-N_SCALARS = 19
+ RETRACT_STEPS, COMPENSATED, CUR_OFF, REM_INPUT, REM_CHUNK, NEW_CHUNKED, POOL, SHRANK, LAST_PREFILL) = range(21)
+N_SCALARS = 21
 # the float vector f: its scalars, then the terms of the PrefillAdder's sum (one per running request)
 RATIO, INIT_RATIO, MIN_RATIO, DECAY, TOTAL_OFF, TERMS = range(6)
 # rows of the queue array Q: the waiting ring buffer, the running batch, the step's requests and tokens,
@@ -303,8 +303,8 @@ def on_idle(s, f):
 @njit(cache=True)
 def on_finish(s, n_done, decode):
     """:func:`kvdro.sim.engines.sglang.on_finish`."""
-    if decode and n_done > 0:
-        s[FULL] = 0
+    if n_done > 0:
+        s[SHRANK] = 1
 
 
 @njit(cache=True)
@@ -425,8 +425,21 @@ def update_running_batch(R, s, f, Q):
 def schedule(R, s, f, Q):
     """:func:`kvdro.sim.engines.sglang.schedule`: a prefill step if anything is admitted, else a
     decode step; returns (code, requests retracted)."""
+    shrank = s[SHRANK]
+    last_prefill = s[LAST_PREFILL]
+    s[SHRANK] = 0
+    s[LAST_PREFILL] = 0
+    if last_prefill != 0 and (shrank != 0 or s[CHUNKED] >= 0):
+        s[FULL] = 0
     code = get_new_batch_prefill(R, s, f, Q)
-    if code != OK or s[N_SCHED] > 0 or s[N_RUN] == 0:
+    if code != OK:
+        return code, 0
+    if s[N_SCHED] > 0:
+        s[LAST_PREFILL] = 1
+        return code, 0
+    if shrank != 0 and last_prefill == 0:
+        s[FULL] = 0
+    if s[N_RUN] == 0:
         return code, 0
     return update_running_batch(R, s, f, Q)
 
