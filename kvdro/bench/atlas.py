@@ -151,13 +151,15 @@ def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, back
         say(f"  resuming: {len(todo) - len(missing)} of {len(todo)} runs found in {part.name}")
     rows = [done[(c.key, e, a)] for c, e, a in todo if (c.key, e, a) in done]
     chunk = max(2 * n_jobs, 1)
-    with _backend(backend, n_jobs):
+    with _backend(backend, n_jobs), contextlib.ExitStack() as stack:
+        # one pool for the whole family (its workers keep their traces and compiled kernels)
+        pool = stack.enter_context(Parallel(n_jobs=n_jobs)) if n_jobs > 1 and missing else None
         for i in range(0, len(missing), chunk):
             batch = missing[i:i + chunk]
-            if n_jobs == 1:
+            if pool is None:
                 new = [_run(c, e, a, quick) for c, e, a in batch]
             else:
-                new = Parallel(n_jobs=n_jobs)(delayed(_run)(c, e, a, quick) for c, e, a in batch)
+                new = pool(delayed(_run)(c, e, a, quick) for c, e, a in batch)
             rows.extend(new)
             write_csv_atomic(pd.DataFrame(rows), part, decimals=DECIMALS + 3, manifest=False)
             say(f"  {len(rows)}/{len(todo)} runs ({time.perf_counter() - start:.0f} s)", flush=True)
