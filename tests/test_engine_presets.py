@@ -140,7 +140,14 @@ def test_paired_interval_of_the_presets_bench():
 
     ok = np.array([True, False, True, True])
     assert paired_interval(ok, 2.0, ok, 2.0) == (0.0, 0.0, 0.0)  # an arm against itself
-    # the same requests served in half the time: +100 %; a resample's difference is (s - s/2) / 1.5 x 100
-    # with s of its 4 requests served (0-4), so the interval spans values around it
-    pct, lo, hi = paired_interval(ok, 1.0, ok, 2.0)
-    assert pct == pytest.approx(100.0) and 0 <= lo < pct < hi <= 400 / 3 + 1e-9
+    # the same requests served in half the time: +100 % in every resample (the ratio, paired)
+    assert paired_interval(ok, 1.0, ok, 2.0) == pytest.approx((100.0, 100.0, 100.0))
+    # an arm that serves nothing: -100 %, and the interval does not pass it
+    none = np.zeros(4, dtype=bool)
+    assert paired_interval(none, 1.0, ok, 1.0) == pytest.approx((-100.0, -100.0, -100.0))
+    # one more request served of four: +33 %, the interval around it within [-100 %, +inf)
+    more = np.array([True, True, True, True])
+    pct, lo, hi = paired_interval(more, 1.0, ok, 1.0)
+    assert pct == pytest.approx(100 / 3) and 0 <= lo <= pct <= hi
+    with pytest.raises(ValueError, match="ok_base"):
+        paired_interval(ok, 1.0, none, 1.0)

@@ -71,14 +71,19 @@ def _arm(trace: pd.DataFrame, dep, engine: str, max_new: str, cap: int = 1000) -
 def paired_interval(ok: np.ndarray, horizon: float, ok_base: np.ndarray, horizon_base: float, *,
                     resamples: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Goodput of an arm relative to the baseline [%], with a 95 % paired bootstrap interval: the same
-    resampled requests (indices) in both arms; goodput = requests served within their deadline per
-    second of the run's horizon."""
+    resampled requests (indices) in both arms, and in each resample the ratio of the two goodputs
+    minus one (so the interval, like the change itself, never passes -100 %); goodput = requests
+    served within their deadline per second of the run's horizon. Resamples in which the baseline
+    serves nothing have no ratio and are left out."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, ok.size, size=(resamples, ok.size))
-    base = ok_base.sum() / horizon_base
-    diff = (ok[idx].sum(axis=1) / horizon - ok_base[idx].sum(axis=1) / horizon_base) / base * 100
-    lo, hi = np.percentile(diff, [2.5, 97.5])
-    return float((ok.sum() / horizon / base - 1) * 100), float(lo), float(hi)
+    arm = ok[idx].sum(axis=1) / horizon
+    base = ok_base[idx].sum(axis=1) / horizon_base
+    change = np.divide(arm, base, out=np.full(resamples, np.nan), where=base > 0) * 100 - 100
+    if not np.isfinite(change).any():
+        raise ValueError("ok_base: the baseline serves no request, a change against it is undefined")
+    lo, hi = np.nanpercentile(change, [2.5, 97.5])
+    return float((ok.sum() / horizon / (ok_base.sum() / horizon_base) - 1) * 100), float(lo), float(hi)
 
 
 def long_output_cell():
