@@ -155,3 +155,37 @@ def test_reduced_sweep_refused_in_data():
         bench.run_family("conversation", quick=QUICK, out_dir=bench.DATA, verbose=False)
     with pytest.raises(ValueError, match="arm"):
         atlas.run_arm(atlas.cells(["conversation"], "primary")[0], "vllm-v1", "look-ahead", quick_requests=QUICK)
+
+
+def test_readers_verdict_and_value(sweep):
+    _, table, value = sweep
+    primary = atlas.cells(["conversation"], "primary")[:1]
+    v = atlas.verdict(table, primary)
+    assert list(v["engine"]) == list(ENGINES) and set(v["cell"]) == {primary[0].key}
+    assert (v.set_index("engine").loc[["vllm-v1", "trtllm-gne"], ["dro-soft", "look-ahead", "sof-true"]] == "—").all().all()
+    idx = table.set_index(["cell", "engine", "arm"])
+    for _, r in v.iterrows():
+        src = idx.loc[(r["cell"], r["engine"], "dro")]
+        assert r["dro"] == atlas.change_text(src)
+        lo, hi = ((src["vs_default_diff_lo"], src["vs_default_diff_hi"]) if src["vs_default_base_near_zero"]
+                  else (src["vs_default_lo"], src["vs_default_hi"]))
+        assert r["sign_dro"] == (1 if lo > 0 else -1 if hi < 0 else 0)
+    said = atlas.verdict_sentences(v)
+    assert set(said) == set(atlas.ENGINE_FAMILIES) and "`vllm-v0`" in said["vLLM"]
+    s = atlas.value_summary(table, value, primary)
+    m = s.merge(value, on=["cell", "engine"]).merge(table[table["arm"] == "default"][["cell", "engine", "requests"]])
+    np.testing.assert_allclose(m["bound_pts"], 100 * (m["best_true_served"] - m["default_served"]) / m["requests"],
+                               atol=0.02)  # the csv's rounding of req/s
+    assert (s.loc[s["engine"].isin(atlas.MAX_NEW_UNREAD), "bound_pts"] == 0).all()
+    with pytest.raises(ValueError, match="frame"):
+        atlas.verdict(table.iloc[:0], primary)
+    with pytest.raises(ValueError, match="value"):
+        atlas.value_summary(table[table["engine"] != "vllm-v0"], value, primary)
+
+
+def test_cached_atlas_size_and_unread_max_new():
+    runs, value = atlas.read(), atlas.read(value=True)
+    n_arms = sum(len(atlas.arms_for(e)) for e in atlas.ENGINES)
+    assert atlas.size(runs) == {"cells": len(atlas.cells()), "runs": len(atlas.cells()) * n_arms, "arms_per_cell": n_arms}
+    s = atlas.value_summary(runs, value)
+    assert (s.loc[s["by_construction"], "bound_pts"] == 0).all() and (s["bound_pts"] >= 0).all()

@@ -78,7 +78,8 @@ from kvdro.experiments import uncertainty as unc
 
 __all__ = ["ENGINES", "FAMILIES", "ARMS", "Arm", "Cell", "TRUE_LENGTH_ARMS", "ESTIMATE_ARMS", "CLIENT_CAP",
            "R1_WINDOW_S", "RHO", "pick_point", "cells", "arms_for", "tasks", "cell_inputs", "run_arm", "compare",
-           "length_value", "check_families", "check_engines"]
+           "length_value", "check_families", "check_engines", "VERDICT_ARMS", "ENGINE_FAMILIES", "MAX_NEW_UNREAD",
+           "read", "describe", "point_name", "change_text", "verdict", "verdict_sentences", "value_summary", "size"]
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 #: The engine presets of the atlas, vllm-v0 first (:data:`kvdro.sim.engines.ENGINES`).
@@ -418,3 +419,135 @@ def length_value(frame: pd.DataFrame) -> pd.DataFrame:
 def cell_table(cell_list: list[Cell]) -> pd.DataFrame:
     """The cells as a table (one row each, the rule named)."""
     return pd.DataFrame([{"cell": c.key, **asdict(c)} for c in cell_list])
+
+
+# --- Readers of the cached atlas (the chapters read these; nothing here runs the simulator) ---
+
+#: The arms of the verdict table (:func:`verdict`), against the engine's ``default``.
+VERDICT_ARMS: tuple[str, ...] = ("dro", "dro-soft", "true", "look-ahead", "sof-true")
+#: Engine family -> its presets (one verdict sentence per family).
+ENGINE_FAMILIES: dict[str, tuple[str, ...]] = {"vLLM": ("vllm-v0", "vllm-v1"), "SGLang": ("sglang",),
+                                               "TensorRT-LLM": ("trtllm-gne", "trtllm-maxutil"),
+                                               "LightLLM": ("lightllm",)}
+#: Presets whose admission never reads ``max_new`` (:mod:`kvdro.sim.engines`: vLLM v1's
+#: ``allocate_slots`` and TensorRT-LLM's max-utilization policy allocate as tokens arrive) and that
+#: take no look-ahead or ordering arm here: their lower bound is 0 by construction.
+MAX_NEW_UNREAD: tuple[str, ...] = ("vllm-v1", "trtllm-maxutil")
+_WORKLOAD_NAMES = {"conversation": "Azure conversation", "conversation-7b": "Azure conversation",
+                   "code": "Azure code", "sharegpt": "ShareGPT", "mooncake": "Mooncake conversation",
+                   "r1": "ServeGen R1 reasoning"}
+_MODEL_NAMES = {"llama-2-70b": "Llama-2-70B", "llama-2-7b": "Llama-2-7B", "llama-3.1-70b": "Llama-3.1-70B",
+                "deepseek-r1-distill-llama-70b": "R1-Distill-Llama-70B"}
+
+
+def read(families=None, *, value: bool = False, data_dir: Path | None = None) -> pd.DataFrame:
+    """The cached atlas of ``families`` (default: all), checked against its manifests: the runs
+    (``data/atlas_<family>.csv``) or, with ``value=True``, the lower bounds
+    (``data/atlas_value_<family>.csv``); both written by ``python -m kvdro.bench atlas``."""
+    from kvdro.cachefile import read_csv_checked
+
+    base = DATA if data_dir is None else Path(data_dir)
+    stem, key = ("atlas_value", ("cell", "engine")) if value else ("atlas", ("cell", "engine", "arm"))
+    return pd.concat([read_csv_checked(base / f"{stem}_{f}.csv", key=key, remake="python -m kvdro.bench atlas")
+                      for f in check_families(families)], ignore_index=True)
+
+
+def describe(cell: Cell) -> str:
+    """``cell``'s regime in words: workload, model, GPU, deployment, load and the map's regime."""
+    return (f"{_WORKLOAD_NAMES[cell.workload]}, {_MODEL_NAMES[cell.model]} on {cell.gpu.split('-')[0].upper()}, "
+            f"{cell.deployment} at {cell.load:.3g} × the trace's rate ({cell.map_regime})")
+
+
+def point_name(cell: Cell) -> str:
+    """A short name of a primary point: the atlas workload and the GPU (one primary point each)."""
+    return f"{cell.workload} {cell.gpu.split('-')[0].upper()}"
+
+
+def change_text(row: pd.Series, tag: str = "default") -> str:
+    """A paired change of ``row`` (a row of :func:`compare` with ``vs_<tag>_*``) as text: the change
+    in % with its interval, or, where the baseline comes near zero in resamples, the difference in
+    requests per second with its interval (a ratio over a near-empty baseline says nothing)."""
+    if not np.isfinite(row[f"vs_{tag}_pct"]):
+        return "—"
+    if bool(row[f"vs_{tag}_base_near_zero"]):
+        return f"{row[f'vs_{tag}_diff_rps']:+.3f} [{row[f'vs_{tag}_diff_lo']:+.3f}, {row[f'vs_{tag}_diff_hi']:+.3f}] req/s"
+    return f"{row[f'vs_{tag}_pct']:+.1f}% [{row[f'vs_{tag}_lo']:+.1f}, {row[f'vs_{tag}_hi']:+.1f}]"
+
+
+def _sign(row: pd.Series, tag: str = "default") -> int:
+    """+1 / -1 where the paired interval lies wholly above / below zero, else 0 (read on the
+    difference where the baseline comes near zero)."""
+    lo, hi = (("diff_lo", "diff_hi") if bool(row[f"vs_{tag}_base_near_zero"]) else ("lo", "hi"))
+    return 1 if row[f"vs_{tag}_{lo}"] > 0 else -1 if row[f"vs_{tag}_{hi}"] < 0 else 0
+
+
+def verdict(frame: pd.DataFrame, primary: list[Cell] | None = None) -> pd.DataFrame:
+    """The verdict table: per primary cell (:func:`cells` with ``points="primary"``) and engine of
+    ``frame`` (rows of :func:`compare`), the change of each of :data:`VERDICT_ARMS` against the
+    engine's ``default`` as text (:func:`change_text`; "—" where the engine takes no such arm), the
+    sign of its interval (``sign_<arm>``) and the cell's regime (``regime``)."""
+    primary = cells(points="primary") if primary is None else primary
+    idx = frame.set_index(["cell", "engine", "arm"])
+    rows = []
+    for c in primary:
+        for e in ENGINES:
+            if (c.key, e, "default") not in idx.index:
+                continue
+            row = {"cell": c.key, "point": point_name(c), "regime": describe(c), "engine": e}
+            for a in VERDICT_ARMS:
+                r = idx.loc[(c.key, e, a)] if (c.key, e, a) in idx.index else None
+                row[a] = "—" if r is None else change_text(r)
+                row[f"sign_{a}"] = np.nan if r is None else _sign(r)
+            rows.append(row)
+    if not rows:
+        raise ValueError("frame: no run of a primary cell (read the atlas with read())")
+    return pd.DataFrame(rows)
+
+
+def verdict_sentences(table: pd.DataFrame) -> dict[str, str]:
+    """One sentence per engine family of :data:`ENGINE_FAMILIES` from :func:`verdict`'s ``table``:
+    where the paper's DRO estimate (as ``max_new``, or reserved softly where the engine has it, the
+    better of the two) beats the engine's default beyond noise, where it loses, where it is noise."""
+    out = {}
+    for fam, engines in ENGINE_FAMILIES.items():
+        parts = []
+        for e in engines:
+            sub = table[table["engine"] == e]
+            best = sub[["sign_dro", "sign_dro-soft"]].max(axis=1, skipna=True)
+            groups = {k: sub.loc[best == k, "point"].tolist() for k in (1, 0, -1)}
+            words = {1: "beats the default at", 0: "is within noise at", -1: "loses at"}
+            said = [f"{words[k]} {len(v)} of {len(sub)} points ({', '.join(v)})" for k, v in groups.items() if v]
+            parts.append(f"in `{e}` the DRO estimate " + ", ".join(said))
+        out[fam] = f"**{fam}:** " + "; ".join(parts) + "."
+    return out
+
+
+def value_summary(runs: pd.DataFrame, value: pd.DataFrame, cell_list: list[Cell] | None = None) -> pd.DataFrame:
+    """:func:`length_value`'s ``value`` per (cell, engine) in points of the requests offered
+    (best true-length arm minus default, served in time, / requests x 100, with its paired interval,
+    which is in proportion), the share the DRO estimate recovers (the better of ``dro`` and
+    ``dro-soft``), the cell's map regime and whether the bound is 0 by construction
+    (:data:`MAX_NEW_UNREAD`)."""
+    cell_list = cells() if cell_list is None else cell_list
+    meta = pd.DataFrame([{"cell": c.key, "map_regime": c.map_regime, "workload": c.workload, "load": c.load}
+                         for c in cell_list])
+    req = runs[runs["arm"] == "default"][["cell", "engine", "requests", "span_s"]]
+    out = value.merge(req, on=["cell", "engine"], how="left", validate="one_to_one").merge(meta, on="cell", how="left")
+    if out["requests"].isna().any() or out["map_regime"].isna().any():
+        raise ValueError("value: a (cell, engine) without its default run or its cell (read both with read())")
+    scale = 100 * out["span_s"] / out["requests"]  # req/s over the span -> points of the requests offered
+    out["bound_pts"] = out["length_value_lower_bound_rps"] * scale
+    out["bound_lo_pts"], out["bound_hi_pts"] = out["lb_lo_rps"] * scale, out["lb_hi_rps"] * scale
+    out["dro_share"] = out[["recovered_dro", "recovered_dro-soft"]].max(axis=1, skipna=True)
+    out["by_construction"] = out["engine"].isin(MAX_NEW_UNREAD)
+    return out[["cell", "workload", "load", "map_regime", "engine", "best_true_arm", "bound_pts", "bound_lo_pts",
+                "bound_hi_pts", "dro_share", "recovered_saa", "by_construction"]]
+
+
+def size(runs: pd.DataFrame, cell_list: list[Cell] | None = None) -> dict[str, int]:
+    """The atlas's size as cached: cells, runs, and the arms per cell (summed over engines)."""
+    n_cells = runs["cell"].nunique()
+    per = runs.groupby("cell").size()
+    if per.nunique() != 1:
+        raise ValueError("runs: cells with different numbers of arms")
+    return {"cells": int(n_cells), "runs": int(len(runs)), "arms_per_cell": int(per.iloc[0])}
