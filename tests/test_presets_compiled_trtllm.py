@@ -16,36 +16,16 @@ import sys
 import numpy as np
 import pytest
 
-from kvdro.hardware import ParallelConfig, gpu_by_name, model_by_name
 from kvdro.sim.engine_presets import run_preset
 from kvdro.sim.engines import make_config
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.presets_compiled import trtllm as compiled
-from kvdro.sim.scheduler import EngineInput, EngineSpec
-from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError, StepClock
+from kvdro.sim.presets_compiled.checks import clock, engine_input, spec
+from kvdro.sim.presets_compiled.checks import outcome as run_outcome
+from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError
 
-FIELDS = ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens",
-          "generated")
 ENGINES = ("trtllm-gne", "trtllm-maxutil")
-CLOCKS = {}
-
-
-def _clock(model: str, tp: int, pp: int) -> StepClock:
-    key = (model, tp, pp)
-    if key not in CLOCKS:
-        CLOCKS[key] = StepClock(model_by_name(model), gpu_by_name("a100-80gb"), ParallelConfig(tp=tp, pp=pp))
-    return CLOCKS[key]
-
-
-def _inp(arrival, prompt, limit) -> EngineInput:
-    n = len(prompt)
-    zeros = np.zeros(n, np.int64)
-    return EngineInput(np.asarray(arrival, np.int64), np.asarray(prompt, np.int64), np.asarray(limit, np.int64),
-                       zeros, np.full(n, -1, np.int64), zeros)
-
-
-def _spec(blocks: int) -> EngineSpec:
-    return EngineSpec(blocks=blocks, watermark_blocks=0, max_num_seqs=256, token_budget=16384, free_block_rule=False)
+_clock, _inp, _spec = clock, engine_input, spec
 
 
 def random_case(engine: str, rng: np.random.Generator) -> dict:
@@ -77,14 +57,8 @@ def random_case(engine: str, rng: np.random.Generator) -> dict:
 
 
 def outcome(fn, case: dict):
-    """('ok', per-request arrays, totals) or ('error', type, message) of one run."""
-    try:
-        out = fn(case["engine"], case["cfg"], case["spec"], case["inp"], case["max_new"], case["clock"],
-                 window=case["window"])
-    except (AssertionError, InvariantError, ClockLimitError, ValueError) as e:
-        return ("error", type(e).__name__, str(e))
-    assert out.trace is None
-    return ("ok", {f: getattr(out, f).tolist() for f in FIELDS}, out.totals())
+    """:func:`kvdro.sim.presets_compiled.checks.outcome` of ``fn`` on ``case``."""
+    return run_outcome(fn, case["engine"], case)
 
 
 @pytest.mark.parametrize("block", range(2))
