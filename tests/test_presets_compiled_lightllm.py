@@ -20,7 +20,7 @@ from kvdro.sim.engine_presets import run_preset
 from kvdro.sim.engines.lightllm import Config
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.presets_compiled import lightllm as compiled
-from kvdro.sim.presets_compiled.checks import clock, engine_input, spec
+from kvdro.sim.presets_compiled.checks import clock, engine_input, simulate_both, spec
 from kvdro.sim.presets_compiled.checks import outcome as run_outcome
 from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError
 
@@ -136,14 +136,7 @@ def test_simulate_on_the_conversation_trace(data_dir):
     dep = default_deployment(config="TP2-PP1", groups=1)
     paused = 0
     for policy, max_new in (("vllm", "unset"), ("vllm", 200), ("vllm", "true"), ("mean", "policy-soft")):
-        runs = {impl: simulate(trace, policy=policy, deployment=dep, rng=np.random.default_rng(0), engine="lightllm",
-                               max_new=max_new, implementation=impl) for impl in ("fast", "reference")}
-        fast, ref = runs["fast"], runs["reference"]
-        assert fast.implementation == "fast" and ref.implementation == "reference"
-        assert fast.requests.equals(ref.requests)
-        strip = lambda m: {k: v for k, v in m.items() if k != "wall_s"}  # noqa: E731
-        assert strip(fast.metrics) == strip(ref.metrics)
-        assert [o.totals() for o in fast.outputs] == [o.totals() for o in ref.outputs]
+        ref = simulate_both(trace, "lightllm", policy=policy, deployment=dep, max_new=max_new)
         paused += ref.metrics["preemptions"]
     assert paused > 0
     default = simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine="lightllm",

@@ -14,7 +14,7 @@ from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import EngineInput, EngineSpec
 from kvdro.sim.timing import ClockLimitError, StepClock
 
-__all__ = ["FIELDS", "clock", "engine_input", "spec", "outcome"]
+__all__ = ["FIELDS", "clock", "engine_input", "spec", "outcome", "simulate_both"]
 
 #: The per-request fields of :class:`~kvdro.sim.scheduler.EngineOutput` a comparison reads.
 FIELDS = ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens",
@@ -48,3 +48,19 @@ def outcome(run, engine: str, case: dict) -> tuple:
         return ("error", type(e).__name__, str(e))
     assert out.trace is None
     return ("ok", {f: getattr(out, f).tolist() for f in FIELDS}, out.totals())
+
+
+def simulate_both(trace, engine: str, **kwargs):
+    """``simulate(trace, engine=engine, **kwargs)`` with the compiled and with the reference
+    implementation (routing seed 0); AssertionError unless the per-request frames, the metrics (but
+    wall time) and every engine's totals are identical. Returns the reference run's result."""
+    from kvdro.sim import simulate
+
+    fast, ref = (simulate(trace, engine=engine, implementation=impl, rng=np.random.default_rng(0), **kwargs)
+                 for impl in ("fast", "reference"))
+    assert fast.implementation == "fast" and ref.implementation == "reference"
+    assert fast.requests.equals(ref.requests)
+    strip = lambda m: {k: v for k, v in m.items() if k != "wall_s"}  # noqa: E731
+    assert strip(fast.metrics) == strip(ref.metrics)
+    assert [o.totals() for o in fast.outputs] == [o.totals() for o in ref.outputs]
+    return ref
