@@ -515,10 +515,10 @@ def verdict_sentences(table: pd.DataFrame) -> dict[str, str]:
             sub = table[table["engine"] == e]
             best = sub[["sign_dro", "sign_dro-soft"]].max(axis=1, skipna=True)
             groups = {k: sub.loc[best == k, "point"].tolist() for k in (1, 0, -1)}
-            words = {1: "beats the default at", 0: "is within noise at", -1: "loses at"}
-            said = [f"{words[k]} {len(v)} of {len(sub)} points ({', '.join(v)})" for k, v in groups.items() if v]
-            parts.append(f"in `{e}` the DRO estimate " + ", ".join(said))
-        out[fam] = f"**{fam}:** " + "; ".join(parts) + "."
+            words = {1: "beats the default at", 0: "noise at", -1: "loses at"}
+            said = [f"{words[k]} {len(v)} of {len(sub)} ({', '.join(v)})" for k, v in groups.items() if v]
+            parts.append(f"`{e}`: " + ", ".join(said))
+        out[fam] = f"**{fam}** — " + "; ".join(parts) + "."
     return out
 
 
