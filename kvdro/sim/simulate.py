@@ -203,6 +203,93 @@ def _route(classes: np.ndarray, names: list[str], deployment: Deployment, rng: n
     return col - 1
 
 
+@dataclass(frozen=True, eq=False)
+class _Run:
+    """``simulate``'s arguments, checked and resolved: the preset ``engine``, the ``implementation`` that
+    runs it, ``max_new``, the preset's config, the trace's prefix keys (CSR), the deployment, the costs."""
+
+    policy: str
+    buffers: Mapping[str, float] | None
+    dep: Deployment
+    rho: float
+    cost_params: dict
+    engine: str
+    implementation: str
+    max_new: str | int
+    preset_cfg: object
+    engine_options: Mapping | None
+    prefix_csr: tuple[np.ndarray, np.ndarray] | None
+    progress: bool
+    record: bool
+    eps_fraction: float
+    reservation: str
+    safety_rules: bool
+    deadline: str
+    schedule: str
+    length_hint: np.ndarray | None
+    aging_s_per_token: float
+
+
+@dataclass(frozen=True, eq=False)
+class _Requests:
+    """The trace's columns in arrival order, as arrays: ``order`` (trace row of each), ``arrival_s`` [s],
+    ``arrival_ps`` [ps from the first arrival], prompts ``L`` and trace outputs ``xi`` [tokens], the
+    classes as codes ``cls`` into their sorted ``names`` and ``cls_raw`` (one shared str per class)."""
+
+    order: np.ndarray
+    arrival_s: np.ndarray
+    arrival_ps: np.ndarray
+    L: np.ndarray
+    xi: np.ndarray
+    cls: np.ndarray
+    cls_raw: np.ndarray
+    names: list[str]
+
+    @property
+    def n(self) -> int:
+        return self.L.size
+
+
+@dataclass(frozen=True, eq=False)
+class _Limits:
+    """What the policy and the limits make of each request (arrival order): the buffers ``buf`` and
+    eta [tokens], the served length ``X`` [tokens], the ``ignored``/``truncated``/``capped`` masks,
+    the preset's ``max_new_tokens``, whether vLLM v0's admission ``reserves``, the "sof" ``queue_key`` [ps]."""
+
+    buf: Mapping[str, float]
+    eta: np.ndarray
+    X: np.ndarray
+    ignored: np.ndarray
+    truncated: np.ndarray
+    capped: np.ndarray
+    max_new_tokens: np.ndarray | None
+    reserves: bool
+    queue_key: np.ndarray | None
+
+
+@dataclass(frozen=True, eq=False)
+class _Routing:
+    """Each request's serving ``group`` (-1 = ``rejected``), whether it is ``served`` (routed and not
+    ignored), its ``reserve_blocks``, and how many served buffers were ``clipped`` to the window."""
+
+    group: np.ndarray
+    rejected: np.ndarray
+    served: np.ndarray
+    reserve_blocks: np.ndarray
+    clipped: int
+
+
+@dataclass(frozen=True, eq=False)
+class _Engines:
+    """Per micro-batch engine: its (EngineSpec, StepClock), EngineInput, members (request indices in
+    arrival order) and the start of its row of ``SimResult.engines``."""
+
+    specs: list
+    inputs: list
+    members: list
+    rows: list
+
+
 def simulate(
     trace: pd.DataFrame,
     *,
@@ -306,6 +393,25 @@ def simulate(
             (:mod:`kvdro.sim.envelope`).
     """
     start = time.perf_counter()
+    run = _validate(trace, rng=rng, policy=policy, buffers=buffers, deployment=deployment, rho=rho, costs=costs,
+                    engine=engine, implementation=implementation, max_new=max_new, engine_options=engine_options,
+                    progress=progress, record=record, eps_fraction=eps_fraction, reservation=reservation,
+                    safety_rules=safety_rules, deadline=deadline, schedule=schedule, length_hint=length_hint,
+                    aging_s_per_token=aging_s_per_token, prefix_keys=prefix_keys)
+    req = _sort_requests(trace)
+    lim = _limits(run, trace, req)
+    routed = _route_requests(run, req, lim, rng)
+    engines = _engine_inputs(run, req, lim, routed)
+    outputs = _run_engines(run, req, lim, routed, engines)
+    requests = _requests_frame(run, trace, req, lim, routed, engines, outputs)
+    return _measure(run, req, lim, routed, engines, outputs, requests, start)
+
+
+def _validate(trace: pd.DataFrame, *, rng, policy, buffers, deployment, rho, costs, engine, implementation, max_new,
+              engine_options, progress, record, eps_fraction, reservation, safety_rules, deadline, schedule,
+              length_hint, aging_s_per_token, prefix_keys) -> _Run:
+    """Check ``simulate``'s arguments and the trace (ValueError naming the argument, or the trace's column and
+    row) and resolve the engine, implementation, max_new, deployment and costs."""
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng: pass a seeded numpy.random.Generator")
     if policy not in ALL_POLICIES:
@@ -340,9 +446,16 @@ def simulate(
     cost_params = default_costs(rho, costs)
     check_preset_arguments(engine, policy=policy, max_new=max_new, reservation=reservation, safety_rules=safety_rules,
                            schedule=schedule, prefix=any(any(f) for f in dep.prefix_caching.values()))
+    return _Run(policy=policy, buffers=buffers, dep=dep, rho=rho, cost_params=cost_params, engine=engine,
+                implementation=implementation, max_new=max_new, preset_cfg=preset_cfg, engine_options=engine_options,
+                prefix_csr=prefix_csr, progress=progress, record=record, eps_fraction=eps_fraction,
+                reservation=reservation, safety_rules=safety_rules, deadline=deadline, schedule=schedule,
+                length_hint=length_hint, aging_s_per_token=aging_s_per_token)
 
-    # columns in arrival order, as arrays; the classes as codes into their sorted names (the names
-    # converted once per class, never one Python string per request: traces of 10^7 requests)
+
+def _sort_requests(trace: pd.DataFrame) -> _Requests:
+    """The columns in arrival order, as arrays; the classes as codes into their sorted names (the names
+    converted once per class, never one Python string per request: traces of 10^7 requests)."""
     order = np.argsort(trace["arrival_s"].to_numpy(dtype=float), kind="stable")
     arrival_s = trace["arrival_s"].to_numpy(dtype=float)[order]
     arrival_ps = np.round((arrival_s - arrival_s.min()) * PS_PER_S).astype(np.int64)
@@ -353,77 +466,101 @@ def simulate(
     names = sorted(set(labels.tolist()))
     cls = np.searchsorted(np.array(names), labels)[codes[order]]
     cls_raw = np.array(names, dtype=object)[cls]  # one shared str object per class
-    n = L.size
+    return _Requests(order=order, arrival_s=arrival_s, arrival_ps=arrival_ps, L=L, xi=xi, cls=cls, cls_raw=cls_raw,
+                     names=names)
 
+
+def _limits(run: _Run, trace: pd.DataFrame, req: _Requests) -> _Limits:
+    """The policy's buffers (fitted on ``trace`` when not given), the context limit (ignored prompts,
+    capped generation), a preset's window and max_new, and the "sof" queue key."""
+    policy, L, xi, n = run.policy, req.L, req.xi, req.n
     reserves = policy not in ("vllm", "oracle")
     if policy == "exact":
         buf = Buffers()
         eta = None  # the true output length after the context cap, set below
     elif reserves:
-        buf = policy_buffers(policy, trace, rho=rho, c_w=cost_params["c_w"], eps_fraction=eps_fraction) if buffers is None else buffers
-        eta = request_buffers(buf, cls_raw, L)
+        buf = (policy_buffers(policy, trace, rho=run.rho, c_w=run.cost_params["c_w"], eps_fraction=run.eps_fraction)
+               if run.buffers is None else run.buffers)
+        eta = request_buffers(buf, req.cls_raw, L)
     else:
         buf = Buffers()
         eta = np.full(n, np.nan)
 
     # context limit: ignored prompts, capped generation
-    limit = dep.max_model_len
-    ignored = L > dep.prompt_limit
+    limit = run.dep.max_model_len
+    ignored = L > run.dep.prompt_limit
     X = np.maximum(1, np.minimum(xi, limit - L + 1))
     truncated = ~ignored & (xi > X)
     if policy == "exact":
         eta = X.astype(float)
     capped = np.zeros(n, dtype=bool)
     max_new_tokens = None
-    if engine != DEFAULT_ENGINE or max_new != "unset":  # a preset's window, max_new and generation cap
+    if run.engine != DEFAULT_ENGINE or run.max_new != "unset":  # a preset's window, max_new and generation cap
         X, max_new_tokens, ignored, truncated, capped = generation_limits(
-            engine, preset_cfg, max_new, L=L, xi=xi, window=limit, v0_limit=X, v0_ignored=ignored, eta=eta)
-    if engine != DEFAULT_ENGINE:
+            run.engine, run.preset_cfg, run.max_new, L=L, xi=xi, window=limit, v0_limit=X, v0_ignored=ignored, eta=eta)
+    if run.engine != DEFAULT_ENGINE:
         reserves = False  # a preset reserves through max_new, not through vLLM v0's admission rule
-    queue_key = None
-    if schedule == "sof":
-        if length_hint is None:
-            hint = X.astype(float)
-        else:
-            if np.asarray(length_hint).dtype.kind not in "iuf":  # text ("5") and booleans refused, not converted
-                raise ValueError(f"length_hint: must hold numbers [tokens], got dtype {np.asarray(length_hint).dtype}")
-            hint = np.asarray(length_hint, dtype=float).ravel()
-            if hint.size != len(trace):
-                raise ValueError(f"length_hint: needs one length per trace row ({len(trace)}), got {hint.size}")
-            if not np.all(np.isfinite(hint)) or np.any(hint < 0):
-                i = int(np.flatnonzero(~np.isfinite(hint) | (hint < 0))[0])
-                raise ValueError(f"length_hint: must hold finite lengths >= 0 [tokens]; row {i} has {_plain(hint[i])!r}")
-            hint = hint[order]
-        if aging_s_per_token * float(hint.max()) > MAX_HORIZON_S:
-            raise ValueError(f"length_hint: aging_s_per_token x the largest hint exceeds {MAX_HORIZON_S:.3g} s")
-        if float(arrival_ps.max()) + aging_s_per_token * float(hint.max()) * PS_PER_S >= 2.0**63 - 2.0**12:
-            raise ValueError("length_hint: the last arrival plus aging_s_per_token x the largest hint passes the "
-                             "int64 picosecond clock")
-        queue_key = arrival_ps + np.round(aging_s_per_token * hint * PS_PER_S).astype(np.int64)
+    return _Limits(buf=buf, eta=eta, X=X, ignored=ignored, truncated=truncated, capped=capped,
+                   max_new_tokens=max_new_tokens, reserves=reserves, queue_key=_queue_key(run, trace, req, X))
 
-    group = _route(cls, names, dep, rng)
+
+def _queue_key(run: _Run, trace: pd.DataFrame, req: _Requests, X: np.ndarray) -> np.ndarray | None:
+    """"sof"'s static waiting-queue key [ps]: arrival + aging_s_per_token x the length hint (``None`` for "fcfs")."""
+    if run.schedule != "sof":
+        return None
+    length_hint, aging_s_per_token = run.length_hint, run.aging_s_per_token
+    if length_hint is None:
+        hint = X.astype(float)
+    else:
+        if np.asarray(length_hint).dtype.kind not in "iuf":  # text ("5") and booleans refused, not converted
+            raise ValueError(f"length_hint: must hold numbers [tokens], got dtype {np.asarray(length_hint).dtype}")
+        hint = np.asarray(length_hint, dtype=float).ravel()
+        if hint.size != len(trace):
+            raise ValueError(f"length_hint: needs one length per trace row ({len(trace)}), got {hint.size}")
+        if not np.all(np.isfinite(hint)) or np.any(hint < 0):
+            i = int(np.flatnonzero(~np.isfinite(hint) | (hint < 0))[0])
+            raise ValueError(f"length_hint: must hold finite lengths >= 0 [tokens]; row {i} has {_plain(hint[i])!r}")
+        hint = hint[req.order]
+    if aging_s_per_token * float(hint.max()) > MAX_HORIZON_S:
+        raise ValueError(f"length_hint: aging_s_per_token x the largest hint exceeds {MAX_HORIZON_S:.3g} s")
+    if float(req.arrival_ps.max()) + aging_s_per_token * float(hint.max()) * PS_PER_S >= 2.0**63 - 2.0**12:
+        raise ValueError("length_hint: the last arrival plus aging_s_per_token x the largest hint passes the "
+                         "int64 picosecond clock")
+    return req.arrival_ps + np.round(aging_s_per_token * hint * PS_PER_S).astype(np.int64)
+
+
+def _route_requests(run: _Run, req: _Requests, lim: _Limits, rng: np.random.Generator) -> _Routing:
+    """Route each request to a group (or reject it) and size its reservation [blocks]."""
+    group = _route(req.cls, req.names, run.dep, rng)
     rejected = group < 0
-    served = ~rejected & ~ignored
-    reserve_blocks = np.zeros(n, dtype=np.int64)
+    served = ~rejected & ~lim.ignored
+    reserve_blocks = np.zeros(req.n, dtype=np.int64)
     clipped = 0
-    if reserves:
+    if lim.reserves:
         # the buffer clipped to the window before the integer cast (a buffer >= 2**63 - L_in would wrap)
+        limit, L, eta = run.dep.max_model_len, req.L, lim.eta
         room = np.maximum(limit - L, 0).astype(float)
         clipped = int(np.count_nonzero(served & (eta > room)))
         tokens = np.minimum(L + np.ceil(np.minimum(eta, room)).astype(np.int64), limit)
         reserve_blocks = -(-tokens // BLOCK_TOKENS)
+    return _Routing(group=group, rejected=rejected, served=served, reserve_blocks=reserve_blocks, clipped=clipped)
 
-    # prefix caching: shared blocks per class and per request
+
+def _engine_inputs(run: _Run, req: _Requests, lim: _Limits, routed: _Routing) -> _Engines:
+    """Each micro-batch engine's spec, clock and input: a group's served requests round-robin over its
+    ``pp`` engines, with the prefix blocks shared per class and per request (prefix caching)."""
+    dep, names, cls, L = run.dep, req.names, req.cls, req.L
+    reserves, limit, policy = lim.reserves, dep.max_model_len, run.policy
     class_prefix_blocks = np.array([int(dep.prefix_tokens.get(c, 0.0)) // BLOCK_TOKENS for c in names], dtype=np.int64)
     usable = np.minimum(class_prefix_blocks[cls], (L - 1) // BLOCK_TOKENS)
 
     specs, inputs, members, engine_rows = [], [], [], []
     for gi, cfg in enumerate(dep.groups):
-        idx_g = np.flatnonzero(served & (group == gi))
+        idx_g = np.flatnonzero(routed.served & (routed.group == gi))
         cached = np.array([bool(dep.prefix_caching.get(c, [False] * len(dep.groups))[gi]) for c in names])
         pblocks = tuple(int(b) if cached[i] else 0 for i, b in enumerate(class_prefix_blocks))
         blocks = dep.engine_blocks(cfg)
-        safe = safety_rules or not reserves
+        safe = run.safety_rules or not reserves
         spec = EngineSpec(
             blocks=blocks,
             watermark_blocks=(max(dep.watermark_blocks(cfg), 1) if policy == "oracle"  # keeps >= 1 block free
@@ -432,7 +569,7 @@ def simulate(
             token_budget=dep.token_budget,
             free_block_rule=safe,
             prefix_blocks=pblocks,
-            hard=reserves and reservation == "hard",
+            hard=reserves and run.reservation == "hard",
             window_blocks=-(-limit // BLOCK_TOKENS),
             lookahead=policy == "oracle",
         )
@@ -441,48 +578,55 @@ def simulate(
             idx = idx_g[e::cfg.pp]
             key = np.where(cached[cls[idx]] & (usable[idx] > 0), cls[idx], -1).astype(np.int64)
             inp = EngineInput(
-                arrival_ps=arrival_ps[idx],
+                arrival_ps=req.arrival_ps[idx],
                 prompt=L[idx],
-                output=X[idx],
-                reserve_blocks=reserve_blocks[idx],
+                output=lim.X[idx],
+                reserve_blocks=routed.reserve_blocks[idx],
                 prefix_key=key,
                 shared_blocks=np.where(key >= 0, usable[idx], 0).astype(np.int64),
-                queue_key=None if queue_key is None else queue_key[idx],
+                queue_key=None if lim.queue_key is None else lim.queue_key[idx],
             )
             specs.append((spec, clock))
             inputs.append(inp)
             members.append(idx)
             engine_rows.append({"group": gi, "config": cfg.name, "engine": e})
+    return _Engines(specs=specs, inputs=inputs, members=members, rows=engine_rows)
 
+
+def _run_engines(run: _Run, req: _Requests, lim: _Limits, routed: _Routing, engines: _Engines) -> list[EngineOutput]:
+    """Run each engine on the implementation chosen: vllm-v0 compiled (``"fast"``), ``"fast-python"`` or
+    ``"reference"``; a preset compiled (``"fast"``) or reference (with the prefix keys); invariants checked."""
     from kvdro.sim.engine_reference import run_reference
 
+    engine, implementation, preset_cfg = run.engine, run.implementation, run.preset_cfg
+    limit = run.dep.max_model_len
     if implementation == "fast" and engine == DEFAULT_ENGINE:
         from kvdro.sim.engine_compiled import run_auto as run_fast  # compiled, unless the process has run little
     elif implementation == "fast-python":
         from kvdro.sim.engine_fast import run_fast
 
     bar = None
-    if progress:
+    if run.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=int(served.sum()), desc=f"simulate {policy}", unit="req", file=None, leave=False)
+        bar = tqdm(total=int(routed.served.sum()), desc=f"simulate {run.policy}", unit="req", file=None, leave=False)
     outputs: list[EngineOutput] = []
     try:
-        for (spec, clock), inp, idx in zip(specs, inputs, members):
+        for (spec, clock), inp, idx in zip(engines.specs, engines.inputs, engines.members):
             if engine != DEFAULT_ENGINE and implementation == "fast":
                 from kvdro.sim.presets_compiled import run_compiled_preset
 
-                out = run_compiled_preset(engine, preset_cfg, spec, inp, max_new_tokens[idx], clock, window=limit)
+                out = run_compiled_preset(engine, preset_cfg, spec, inp, lim.max_new_tokens[idx], clock, window=limit)
                 if bar is not None:
                     bar.update(int(len(inp)))
             elif engine != DEFAULT_ENGINE:
                 from kvdro.sim.engine_presets import run_preset
 
-                out = run_preset(engine, preset_cfg, spec, inp, max_new_tokens[idx], clock, window=limit,
-                                 record=record, progress=bar,
-                                 prefix_keys=None if prefix_csr is None else keys_for_rows(prefix_csr, order[idx]))
+                keys = None if run.prefix_csr is None else keys_for_rows(run.prefix_csr, req.order[idx])
+                out = run_preset(engine, preset_cfg, spec, inp, lim.max_new_tokens[idx], clock, window=limit,
+                                 record=run.record, progress=bar, prefix_keys=keys)
             elif implementation == "reference":
-                out = run_reference(spec, inp, clock, record=record, progress=bar)
+                out = run_reference(spec, inp, clock, record=run.record, progress=bar)
             else:
                 out = run_fast(spec, inp, clock, progress=bar)
             check_engine(spec, inp, out)
@@ -490,8 +634,14 @@ def simulate(
     finally:
         if bar is not None:
             bar.close()
+    return outputs
 
-    # per-request frame, in sorted (arrival) order, then restored to trace order
+
+def _requests_frame(run: _Run, trace: pd.DataFrame, req: _Requests, lim: _Limits, routed: _Routing,
+                    engines: _Engines, outputs: list[EngineOutput]) -> pd.DataFrame:
+    """``SimResult.requests``: one row per request, built in arrival order, returned in trace order."""
+    n, names, cls, L, xi, dep = req.n, req.names, req.cls, req.L, req.xi, run.dep
+    rejected, reserve_blocks, reserves = routed.rejected, routed.reserve_blocks, lim.reserves
     admit = np.full(n, -1, dtype=np.int64)
     first = np.full(n, -1, dtype=np.int64)
     finish = np.full(n, -1, dtype=np.int64)
@@ -500,16 +650,16 @@ def simulate(
     capf = np.zeros(n, dtype=np.int64)
     gen = np.zeros(n, dtype=np.int64)
     eng = np.full(n, -1, dtype=np.int64)
-    for e, (idx, out) in enumerate(zip(members, outputs)):
+    for e, (idx, out) in enumerate(zip(engines.members, outputs)):
         admit[idx], first[idx], finish[idx] = out.admit_ps, out.first_token_ps, out.finish_ps
         pre[idx], rec[idx], capf[idx], gen[idx] = out.preemptions, out.recomputed_tokens, out.final_cap_tokens, out.generated
         eng[idx] = e
     outcome = np.array(["completed", "truncated", "ignored", "rejected"], dtype=object)[
-        np.where(rejected, 3, np.where(ignored, 2, np.where(truncated, 1, 0)))]
-    outcome[capped & ~rejected] = "capped"  # ended at its max_new, below its true length: not served
-    done = served
+        np.where(rejected, 3, np.where(lim.ignored, 2, np.where(lim.truncated, 1, 0)))]
+    outcome[lim.capped & ~rejected] = "capped"  # ended at its max_new, below its true length: not served
+    done = routed.served
     sec = lambda a: np.where(a >= 0, a / PS_PER_S, np.nan)  # noqa: E731
-    a_s = arrival_ps / PS_PER_S
+    a_s = req.arrival_ps / PS_PER_S
     slo_map = {}
     for i, c in enumerate(names):
         if c in dep.slo_s:
@@ -519,7 +669,7 @@ def simulate(
 
             slo_map[c] = default_slo_s(float(xi[cls == i].mean()))
     slo = np.array([slo_map[c] for c in names])[cls]
-    if deadline == "request":
+    if run.deadline == "request":
         from kvdro.workload import DEFAULT_TPOT_SLO_S, DEFAULT_TTFT_SLO_S
 
         due = DEFAULT_TTFT_SLO_S + DEFAULT_TPOT_SLO_S * xi.astype(float)
@@ -531,15 +681,15 @@ def simulate(
         tpot = np.where(done & (gen > 1), (finish_s - first_s) / np.maximum(gen - 1, 1), np.nan)
     reserved_tokens = BLOCK_TOKENS * reserve_blocks
     columns = {
-        "request_class": cls_raw,
-        "arrival_s": arrival_s,
+        "request_class": req.cls_raw,
+        "arrival_s": req.arrival_s,
         "input_tokens": L,
         "output_tokens": xi,
         "generated_tokens": gen,
-        "group": np.where(rejected, -1, group),
+        "group": np.where(rejected, -1, routed.group),
         "engine": eng,
         "outcome": outcome,
-        "buffer_tokens": eta,
+        "buffer_tokens": lim.eta,
         "reserved_blocks": reserve_blocks,
         "admit_s": sec(admit),
         "first_token_s": first_s,
@@ -555,27 +705,35 @@ def simulate(
         "waste_tokens": np.where(done, np.maximum(0, capf - L - gen), 0),
         "overflow_tokens": np.where(done & reserves, np.maximum(0, L + gen - reserved_tokens), 0),
     }
+    order = req.order
     if not np.array_equal(order, np.arange(n)):  # back to trace order: row j is sorted row inv[j]
         inv = np.empty(n, dtype=np.int64)
         inv[order] = np.arange(n)
         columns = {k: v[inv] for k, v in columns.items()}
     # the frame keeps these fresh arrays as its columns (no consolidating copy)
-    requests = pd.DataFrame(columns, index=trace.index, copy=False)
-    del columns
+    return pd.DataFrame(columns, index=trace.index, copy=False)
 
-    horizon_ps = int(max([int(arrival_ps.max())] + [o.end_ps for o in outputs]))
+
+def _measure(run: _Run, req: _Requests, lim: _Limits, routed: _Routing, engines: _Engines,
+             outputs: list[EngineOutput], requests: pd.DataFrame, start: float) -> SimResult:
+    """The metrics and cost (:mod:`kvdro.sim.metrics`), the accounting check, the engines' rows, the
+    :class:`SimResult`; ``start`` is the run's ``time.perf_counter()`` at entry (``metrics["wall_s"]``)."""
+    n, specs = req.n, engines.specs
+    horizon_ps = int(max([int(req.arrival_ps.max())] + [o.end_ps for o in outputs]))
     engine_pairs = [(s[0], o) for s, o in zip(specs, outputs)]
-    metrics, breakdown = compute_metrics(requests, engine_pairs, cost_params, gpus=dep.total_gpus,
-                                         horizon_ps=horizon_ps, wall_s=0.0, reservation=reserves)
-    n_capped = int(np.count_nonzero(capped & ~rejected))
+    metrics, breakdown = compute_metrics(requests, engine_pairs, run.cost_params, gpus=run.dep.total_gpus,
+                                         horizon_ps=horizon_ps, wall_s=0.0, reservation=lim.reserves)
+    n_capped = int(np.count_nonzero(lim.capped & ~routed.rejected))
     check_accounting(n, metrics["completed"] + n_capped, metrics["rejected"], metrics["ignored"])
-    if engine != DEFAULT_ENGINE or max_new != "unset":
+    if run.engine != DEFAULT_ENGINE or run.max_new != "unset":
         metrics["capped"] = n_capped
-    if prefix_csr is not None:
+    if run.prefix_csr is not None:
         metrics["prefix_hit_tokens"] = int(sum(int(o.prefix_hit_tokens.sum()) for o in outputs))
         metrics["prefill_tokens"] = int(sum(o.prefill_tokens for o in outputs))
-    for row, (spec, _), out, idx in zip(engine_rows, specs, outputs, members):
-        row.update({
+    engine_rows = []
+    for row, (spec, _), out, idx in zip(engines.rows, specs, outputs, engines.members):
+        engine_rows.append({
+            **row,
             "blocks": spec.blocks,
             "requests": int(idx.size),
             "steps": out.steps,
@@ -588,8 +746,9 @@ def simulate(
     metrics["wall_s"] = float(time.perf_counter() - start)
     return SimResult(
         metrics=metrics, cost=breakdown, requests=requests, engines=pd.DataFrame(engine_rows),
-        policy=policy, buffers=dict(buf), deployment=dep, engine=engine,
-        specs=[s for s, _ in specs], outputs=outputs, inputs=inputs,
-        reservation=reservation, safety_rules=safety_rules, schedule=schedule, clipped_buffers=clipped,
-        implementation=implementation, max_new=max_new, engine_options=dict(engine_options or {}),
+        policy=run.policy, buffers=dict(lim.buf), deployment=run.dep, engine=run.engine,
+        specs=[s for s, _ in specs], outputs=outputs, inputs=engines.inputs,
+        reservation=run.reservation, safety_rules=run.safety_rules, schedule=run.schedule,
+        clipped_buffers=routed.clipped, implementation=run.implementation, max_new=run.max_new,
+        engine_options=dict(run.engine_options or {}),
     )
