@@ -55,3 +55,17 @@ def test_lookahead_never_preempts_and_its_baseline_is_the_cached_run(table, data
     assert la.preemptions == 0
     assert np.isclose(la.baseline_goodput_rps["vllm-v0"], pt.cell(table, "vllm-v0", "unset")["goodput_rps"], rtol=1e-5)
     assert la.against["vllm-v0"].lo <= la.against["vllm-v0"].point <= la.against["vllm-v0"].hi
+
+
+def test_decomposition_of_an_engine_that_reserves_and_of_one_that_does_not(table, data_dir, monkeypatch):
+    monkeypatch.setenv("KVDRO_DATA_DIR", str(data_dir))
+    dec = pt.decomposition(("trtllm-gne", "vllm-v1")).set_index("engine")
+    assert np.allclose(dec["busy_ratio"], dec["cost_ratio"] * dec["tokens_ratio"], rtol=1e-12)
+    gne, v1 = dec.loc["trtllm-gne"], dec.loc["vllm-v1"]
+    # TRT-LLM's default reserves max_new: it never preempts, so both arms feed the same tokens, and it is
+    # slower per token (fewer requests fit in a batch)
+    assert gne["reads_max_new"] and gne["tokens_ratio"] == 1.0 and gne["cost_ratio"] > 2
+    # vLLM v1 never reads max_new: the default and the true-length arm are the same run
+    assert not v1["reads_max_new"] and v1["busy_ratio"] == 1.0
+    with pytest.raises(ValueError, match="engines"):
+        pt.decomposition(("vllm-v2",))

@@ -10,8 +10,9 @@ run seeded with ``numpy.random.default_rng(0)``.
 
 Every change is goodput [requests served within their own deadline per second] against an engine's
 default, in percent of that baseline's goodput, with a 95 % paired bootstrap interval over the
-requests: the interval of a *difference* in units of the baseline's point goodput, so its lower end
-can pass -100 % where an arm serves almost nothing.
+requests: the interval of the ratio of the two goodputs, minus one (never below -100 %).
+:func:`decomposition` splits each engine's default against its true-length arm into the recompute
+avoided and the per-token efficiency (chapter 8's identity), engine by engine.
 """
 
 from __future__ import annotations
@@ -81,6 +82,40 @@ def lookahead(against: tuple[str, ...] = (LOOKAHEAD_ENGINE,)) -> LookAhead:
         out[engine] = Interval(*(v / 100 for v in presets.paired_interval(ok, horizon, ok_b, h_b)))
         base[engine] = row["goodput_rps"]
     return LookAhead(float(r.metrics["goodput_rps"]), int(r.metrics["preemptions"]), out, base)
+
+
+def decomposition(engines: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Chapter 8's decomposition, engine by engine, at the presets' point: each engine with ``max_new``
+    unset (its default, d) against the same engine given the true lengths (t), both run here (compiled,
+    ~1 s each). Per engine: ``busy_ratio`` = busy_d / busy_t (the engines' summed step time),
+    ``tokens_ratio`` = K_d / K_t (tokens fed, K = W + R: the work every policy feeds plus the
+    recomputed tokens, :func:`kvdro.experiments.headroom.run_stats`), ``cost_ratio`` = c_d / c_t
+    (seconds of step time per token fed, c = busy / K), so that busy_ratio = cost_ratio x tokens_ratio
+    exactly; ``reads_max_new``: False where the engine's rules never read max_new (the two runs are
+    the same run and every ratio is 1 by construction)."""
+    from kvdro.datasets import load_trace
+    from kvdro.experiments.headroom import run_stats
+    from kvdro.sim import default_deployment, simulate
+    from kvdro.sim.engines import ENGINES
+    from kvdro.sim.regimes import at_load
+
+    engines = tuple(ENGINES) if engines is None else tuple(engines)
+    bad = [e for e in engines if e not in ENGINES]
+    if bad:
+        raise ValueError(f"engines: unknown engine(s) {bad}; choose from {ENGINES}")
+    trace = at_load(load_trace(presets.TRACE), presets.LOAD)
+    dep = default_deployment(config=presets.CONFIG)
+    rows = []
+    for engine in engines:
+        runs = {arm: simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine=engine,
+                              max_new=arm) for arm in ("unset", "true")}
+        d, t = (run_stats(runs[arm]) for arm in ("unset", "true"))
+        k_d, k_t = d["work_tokens"] + d["recomputed"], t["work_tokens"] + t["recomputed"]
+        rows.append({"engine": engine, "busy_ratio": d["busy_s"] / t["busy_s"], "tokens_ratio": k_d / k_t,
+                     "cost_ratio": d["cost_per_token_s"] / t["cost_per_token_s"],
+                     "recomputed_default": d["recomputed"], "recomputed_true": t["recomputed"],
+                     "reads_max_new": not runs["unset"].requests.equals(runs["true"].requests)})
+    return pd.DataFrame(rows)
 
 
 def change_text(iv: Interval, digits: int = 1) -> str:
