@@ -55,7 +55,7 @@ def test_toc_pages_in_reading_order():
     pages = print_pdf.toc_pages(ROOT)
     assert pages[0] == "book/intro" and pages[-1] == "book/bibliography"
     chapters = [p for p in pages if p.split("/")[-1][:2].isdigit()]
-    assert chapters == sorted(chapters) and len(chapters) == 12, chapters
+    assert chapters == sorted(chapters) and len(chapters) == 13, chapters
     assert len(pages) == len(set(pages))
 
 

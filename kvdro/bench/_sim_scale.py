@@ -2,7 +2,7 @@
 
 Each run is ``simulate`` end to end (``engine="fast"``, the compiled engine: numba's kernels are
 loaded before the trace is built) in a **fresh process**, so that its peak resident memory
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) is that run's alone. A run reports
+(``VmHWM`` of ``/proc/self/status``, else ``ru_maxrss``) is that run's alone. A run reports
 
 * CPU seconds of ``simulate`` (``time.process_time``; the machine is shared, wall time is not the
   engine's) and requests per CPU second;
@@ -53,20 +53,30 @@ R1_GROUPS = 16
 LINEAR_EXPONENT = 1.15
 
 
-def _rss_mb() -> float:
-    """Current resident set size of this process [MB] (Linux ``/proc/self/status``; 0 elsewhere)."""
+def _status_mb(field: str) -> float | None:
+    """A ``/proc/self/status`` memory field of this process [MB] (Linux), None elsewhere."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return 0.0
+    return None
+
+
+def _rss_mb() -> float:
+    """Current resident set size of this process [MB] (Linux ``VmRSS``; 0 elsewhere)."""
+    return _status_mb("VmRSS") or 0.0
 
 
 def _peak_mb() -> float:
-    """Peak resident set size of this process [MB] (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    """Peak resident set size of this process [MB]: Linux ``VmHWM``, which the kernel reports as the
+    larger of its high-water mark and the current RSS (``ru_maxrss`` is updated lazily and can read
+    a few KiB below a ``VmRSS`` taken just before); elsewhere ``ru_maxrss`` (bytes on macOS)."""
+    hwm = _status_mb("VmHWM")
+    if hwm is not None:
+        return hwm
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
