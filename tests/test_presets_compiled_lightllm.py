@@ -10,8 +10,6 @@ PP > 1 clocks; the conversation trace through ``simulate``; the kernel as plain 
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from kvdro.sim.engine_presets import run_preset
 from kvdro.sim.engines.lightllm import Config
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.presets_compiled import lightllm as compiled
-from kvdro.sim.presets_compiled.checks import clock, engine_input, simulate_both, spec
+from kvdro.sim.presets_compiled.checks import clock, engine_input, run_without_jit, simulate_both, spec
 from kvdro.sim.presets_compiled.checks import outcome as run_outcome
 from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError
 
@@ -154,10 +152,7 @@ print(json.dumps([outcome(lightllm.run, random_case(np.random.default_rng(s))) f
 
 def test_plain_python_under_numba_disable_jit():
     seeds = [s for s in range(200) if len(random_case(np.random.default_rng(s))["inp"]) <= 25][:3]
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", _JIT_OFF.format(seeds=seeds)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=300, check=True)
-    got = json.loads(proc.stdout)
+    got = run_without_jit(_JIT_OFF.format(seeds=seeds), cwd=root)
     want = [outcome(run_preset, random_case(np.random.default_rng(s))) for s in seeds]
     assert got == json.loads(json.dumps(want))

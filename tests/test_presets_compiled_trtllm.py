@@ -10,8 +10,6 @@ conversation trace through ``simulate``; the kernel as plain Python under ``NUMB
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from kvdro.sim.engine_presets import run_preset
 from kvdro.sim.engines import make_config
 from kvdro.sim.invariants import InvariantError
 from kvdro.sim.presets_compiled import trtllm as compiled
-from kvdro.sim.presets_compiled.checks import clock, engine_input, simulate_both, spec
+from kvdro.sim.presets_compiled.checks import clock, engine_input, run_without_jit, simulate_both, spec
 from kvdro.sim.presets_compiled.checks import outcome as run_outcome
 from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError
 
@@ -169,10 +167,7 @@ def _tiny(engine):
 
 def test_plain_python_under_numba_disable_jit():
     cases = [(e, s) for e in ENGINES for s in _tiny(e)]
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", _JIT_OFF.format(cases=cases)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=300, check=True)
-    got = json.loads(proc.stdout)
+    got = run_without_jit(_JIT_OFF.format(cases=cases), cwd=root)
     want = [outcome(run_preset, random_case(e, np.random.default_rng(s))) for e, s in cases]
     assert got == json.loads(json.dumps(want))

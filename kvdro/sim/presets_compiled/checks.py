@@ -14,7 +14,7 @@ from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import EngineInput, EngineSpec
 from kvdro.sim.timing import ClockLimitError, StepClock
 
-__all__ = ["FIELDS", "clock", "engine_input", "spec", "outcome", "simulate_both"]
+__all__ = ["FIELDS", "clock", "engine_input", "spec", "outcome", "simulate_both", "run_without_jit"]
 
 #: The per-request fields of :class:`~kvdro.sim.scheduler.EngineOutput` a comparison reads.
 FIELDS = ("admit_ps", "first_token_ps", "finish_ps", "preemptions", "recomputed_tokens", "final_cap_tokens",
@@ -64,3 +64,18 @@ def simulate_both(trace, engine: str, **kwargs):
     assert strip(fast.metrics) == strip(ref.metrics)
     assert [o.totals() for o in fast.outputs] == [o.totals() for o in ref.outputs]
     return ref
+
+
+def run_without_jit(code: str, *, cwd: str, timeout: float = 300) -> object:
+    """Run ``code`` (Python that prints one JSON document) in a fresh process with
+    ``NUMBA_DISABLE_JIT=1`` -- the compiled kernels' source as plain Python -- from ``cwd``; the
+    document, decoded. A failing process raises ``subprocess.CalledProcessError``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=True)
+    return json.loads(proc.stdout)
