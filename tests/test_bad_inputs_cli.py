@@ -274,6 +274,20 @@ def test_simulate_plan_refuses_the_flags_a_plan_fixes(tmp_path, capsys, flag, va
     assert f"{flag} cannot be combined with --plan" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--implementation", "--engine"])
+def test_simulate_refuses_the_retired_python_engine_naming_the_flag(capsys, flag):
+    """Issue 32 retired ``fast-python`` (vLLM v0's pure-Python event engine): exit 2, the flag named,
+    and what replaces it (the compiled engine, plain Python under NUMBA_DISABLE_JIT=1; the reference)."""
+    from kvdro.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["simulate", "--trace", "azure-2023-conv", "--policy", "vllm", flag, "fast-python"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert f"argument {flag}: 'fast-python' is retired" in err
+    assert "NUMBA_DISABLE_JIT=1" in err and "implementation='reference'" in err
+
+
 @pytest.fixture(scope="module")
 def plan(small_solve) -> dict:
     run = small_solve("exact")
@@ -288,9 +302,10 @@ def test_simulate_plan_honours_the_run_flags(plan, data_dir, monkeypatch):
     monkeypatch.setenv("KVDRO_DATA_DIR", str(data_dir))
     base, _ = simulate_plan(plan)
     run, summary = simulate_plan(plan, scale=2.0, reservation="hard", schedule="sof", max_model_len=8192,
-                                 engine="fast-python")
+                                 engine="reference")
     assert run.deployment.max_model_len == 8192 and base.deployment.max_model_len != 8192
     assert (summary["scale"], summary["reservation"], summary["schedule"]) == (2.0, "hard", "sof")
+    assert (run.engine, run.implementation, base.implementation) == ("vllm-v0", "reference", "fast")
     span = lambda r: float(r.requests["arrival_s"].max() - r.requests["arrival_s"].min())  # noqa: E731
     assert span(run) == pytest.approx(span(base) / 2.0, rel=1e-9)
 

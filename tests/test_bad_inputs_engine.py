@@ -1,12 +1,9 @@
-"""Issue 36, the engine side: integers that cannot wrap, one envelope for the three engines, tables
+"""Issue 36, the engine side: integers that cannot wrap, one envelope for both engines, tables
 sized by the trace, and the weak messages of the Python API named. Each test quotes the "before"."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -15,15 +12,12 @@ import pytest
 from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
 from kvdro.sim import Deployment, default_deployment, policy_buffers, simulate
 from kvdro.sim import engine_compiled as ec
-from kvdro.sim.engine_fast import run_fast
 from kvdro.sim.engine_reference import run_reference
 from kvdro.sim.envelope import MAX_TOKENS, check_envelope, drain_lower_bound_ps, prefill_tokens_bound
 from kvdro.sim.scheduler import EngineInput, EngineSpec
 from kvdro.sim.timing import MAX_CLOCK_PS, ClockLimitError, StepClock
 
-HERE = os.path.dirname(__file__)
 CLOCK = StepClock.shared(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
-needs_numba = pytest.mark.skipif(not ec.HAVE_NUMBA, reason="numba is not installed")
 
 
 def _trace(n: int = 200, prompt: int = 100, output: int = 100, arrival: float = 0.0) -> pd.DataFrame:
@@ -95,7 +89,7 @@ def test_uint64_token_counts_in_range_give_the_int64_answer():
     assert a.requests.equals(b.requests)
 
 
-@pytest.mark.parametrize("engine", ["reference", "fast-python", "compiled"])
+@pytest.mark.parametrize("engine", ["reference", "compiled"])
 def test_engines_refuse_token_counts_outside_their_integers(engine):
     """An EngineInput built by hand (no check_trace) is checked by the engine itself."""
     n = 3
@@ -125,10 +119,6 @@ def test_a_decode_step_beyond_the_checked_integers_is_refused_naming_spec():
 def _run(engine: str, spec: EngineSpec, inp: EngineInput):
     if engine == "reference":
         return run_reference(spec, inp, CLOCK)
-    if engine == "fast-python":
-        return run_fast(spec, inp, CLOCK)
-    if not ec.HAVE_NUMBA:
-        pytest.skip("numba is not installed")
     return ec.run_compiled(spec, inp, CLOCK)
 
 
@@ -154,7 +144,7 @@ def test_a_run_past_the_clock_is_refused_while_running_by_every_engine_with_one_
     ValueError about its 'exact integer range' at another point (3 x 2**61 ps instead of 2**63)."""
     spec, inp = _late_burst()
     assert drain_lower_bound_ps(spec, inp, CLOCK) < MAX_CLOCK_PS  # not refused up front: during the run
-    messages = {e: _error(e, spec, inp) for e in ("reference", "fast-python", "compiled")}
+    messages = {e: _error(e, spec, inp) for e in ("reference", "compiled")}
     assert len(set(messages.values())) == 1, messages
     assert "the clock passed it before the queue drained" in messages["reference"]
     assert "30 requests sent to one TP4-PP1 engine" in messages["reference"]
@@ -166,7 +156,7 @@ def test_the_issue_drain_case_is_refused_up_front_by_every_engine():
     tr = _trace(40_000, prompt=300, output=16_000)
     dep = default_deployment(config="TP2-PP1", groups=1)
     messages = set()
-    for engine in ("reference", "fast-python", "fast"):
+    for engine in ("reference", "fast"):
         with pytest.raises(ClockLimitError, match=r"serving them takes at least 8\.\d+e\+06 s \(a lower bound") as err:
             simulate(tr, policy="vllm", deployment=dep, rng=_rng(), implementation=engine)
         messages.add(str(err.value))
@@ -174,85 +164,48 @@ def test_the_issue_drain_case_is_refused_up_front_by_every_engine():
     assert "the 40,000 requests sent to one TP2-PP1 engine do not drain" in messages.pop()
 
 
-@needs_numba
-def test_engine_fast_does_not_depend_on_what_the_process_ran_before(monkeypatch):
-    """run_auto serves a process's first SWITCH_REQUESTS requests with the Python engine, the rest compiled:
-    the same result -- and the same refusal -- in either state."""
-    spec, inp = _late_burst()
-    n = 40
-    rng = np.random.default_rng(4)
-    ok = EngineInput(arrival_ps=np.cumsum(rng.integers(0, 10**11, n)), prompt=rng.integers(5, 900, n),
-                     output=rng.integers(1, 400, n), reserve_blocks=np.zeros(n, np.int64),
-                     prefix_key=np.full(n, -1, np.int64), shared_blocks=np.zeros(n, np.int64))
-    small = EngineSpec(blocks=90, watermark_blocks=1, max_num_seqs=8, token_budget=2048, free_block_rule=True)
-    seen = []
-    for served_before in (0, ec.SWITCH_REQUESTS):
-        monkeypatch.setattr(ec, "_served_by_python", served_before)
-        with pytest.raises(ClockLimitError) as err:
-            ec.run_auto(spec, inp, CLOCK)
-        seen.append((str(err.value), ec.run_auto(small, ok, CLOCK)))
-    (m0, a), (m1, b) = seen
-    assert m0 == m1
-    assert a.totals() == b.totals() and np.array_equal(a.finish_ps, b.finish_ps)
-    assert a.preemptions.sum() > 0  # a case with some work in it
-
-
 def test_the_drain_bound_is_below_the_real_drain_on_the_issue_scale():
     """The lower bound is a bound (also checked on every property-test case in test_sim_engines.py), and a
     useful one: within 10 % of the drain of 3,000 long requests on one TP2 engine."""
     tr = _trace(3_000, prompt=300, output=16_000)
-    r = simulate(tr, policy="vllm", deployment=default_deployment(config="TP2-PP1", groups=1), rng=_rng(),
-                 implementation="fast-python")
+    r = simulate(tr, policy="vllm", deployment=default_deployment(config="TP2-PP1", groups=1), rng=_rng())
     (spec, out, inp) = (r.specs[0], r.outputs[0], r.inputs[0])
     clock = StepClock.shared(LLAMA2_70B, A100_80GB, ParallelConfig(2, 1))
     bound = drain_lower_bound_ps(spec, inp, clock)
     assert 0.85 * out.end_ps < bound <= out.end_ps
 
 
-def test_numba_disable_jit_runs_engine_fast():
-    """Before: NUMBA_DISABLE_JIT=1 -> AttributeError: 'function' object has no attribute 'signatures' in
-    engine_compiled.run_auto once the kernels module was loaded. Now run_auto keeps to the Python engine."""
-    if not ec.HAVE_NUMBA:
-        pytest.skip("numba is not installed")
-    code = (
-        "import numpy as np, pandas as pd\n"
-        "from kvdro.sim import simulate\n"
-        "from kvdro.sim import engine_compiled as ec\n"
-        "import kvdro.sim._engine_kernels\n"  # the kernels loaded, as after any compiled run
-        "tr = pd.DataFrame({'arrival_s': np.arange(60) * 0.05, 'input_tokens': 200 + np.arange(60),"
-        " 'output_tokens': 100 + np.arange(60), 'request_class': 'a'})\n"
-        "ec._served_by_python = ec.SWITCH_REQUESTS\n"
-        "a = simulate(tr, policy='p95', rng=np.random.default_rng(0), implementation='fast')\n"
-        "b = simulate(tr, policy='p95', rng=np.random.default_rng(0), implementation='fast-python')\n"
-        "assert a.requests.equals(b.requests)\n"
-        "print(ec.jit_disabled())\n"
-    )
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1", PYTHONPATH=os.pathsep.join([HERE] + sys.path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-1] == "True"
+@pytest.mark.parametrize("kwargs, name", [({"implementation": "fast-python"}, "implementation"),
+                                          ({"engine": "fast-python"}, "engine"),
+                                          ({"engine": "vllm-v1", "implementation": "fast-python"}, "implementation")])
+def test_the_retired_python_engine_is_refused_saying_what_replaces_it(kwargs, name):
+    """Issue 32 retired vLLM v0's pure-Python event engine (engine_fast.py): asking for it names the
+    argument and points at the compiled engine (plain Python under NUMBA_DISABLE_JIT=1) and the reference."""
+    with pytest.raises(ValueError, match=f"^{name}: 'fast-python' is retired") as err:
+        simulate(_trace(4), policy="vllm", rng=_rng(), **kwargs)
+    assert "implementation='fast'" in str(err.value) and "NUMBA_DISABLE_JIT=1" in str(err.value)
+    assert "implementation='reference'" in str(err.value)
 
 
 # ------------------------------------------------------------------ 5. tables sized by the trace
 
 
-@needs_numba
 def test_the_compiled_tables_are_sized_by_the_trace_not_the_budget():
     """Before: Deployment(max_num_batched_tokens=10**8) tabulated 10**8 prefill times (~12 min, 800 MB)
     before serving 50 requests."""
     tr = pd.DataFrame({"arrival_s": np.arange(50) * 0.1, "input_tokens": 100 + 7 * np.arange(50),
                        "output_tokens": 30 + np.arange(50), "request_class": "a"})
     dep = default_deployment(max_num_batched_tokens=10**8, groups=1)
-    python = simulate(tr, policy="vllm", deployment=dep, rng=_rng(), implementation="fast-python")
-    spec, inp = python.specs[0], python.inputs[0]
+    ref = simulate(tr, policy="vllm", deployment=dep, rng=_rng(), implementation="reference")
+    spec, inp = ref.specs[0], ref.inputs[0]
     clock = StepClock(dep.model, dep.gpu, dep.groups[0])  # a fresh clock: its tables start empty
     out = ec.run_compiled(spec, inp, clock)
     bound = prefill_tokens_bound(spec, inp)
     assert bound == int((inp.prompt + inp.output - 1).sum())  # 50 requests: all of them, far below 10**8
     assert ec._TABLES[clock][1].size == bound + 1
     assert ec._TABLES[clock][0].size == len(inp) + 1  # base(n): no more sequences than requests run at once
-    assert out.totals() == python.outputs[0].totals()
-    np.testing.assert_array_equal(out.finish_ps, python.outputs[0].finish_ps)
+    assert out.totals() == ref.outputs[0].totals()
+    np.testing.assert_array_equal(out.finish_ps, ref.outputs[0].finish_ps)
 
 
 # ------------------------------------------------------------------ 7. the weak messages named
@@ -324,8 +277,6 @@ def test_a_watermark_that_leaves_no_room_is_blamed_on_the_watermark():
 
 
 def test_kmax_outside_the_checked_range_is_refused():
-    if not ec.HAVE_NUMBA:
-        pytest.skip("numba is not installed")
     spec, inp = _late_burst(2)
     for kmax in (0, ec.KMAX + 1, 2.5, True):
         with pytest.raises(ValueError, match=r"^kmax: must be an integer in \[1, 65536\]"):

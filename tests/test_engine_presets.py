@@ -60,7 +60,7 @@ def test_the_policy_estimate_as_max_new(small):
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"engine": "vllm-v2"}, "engine"),
-    ({"engine": "sglang", "implementation": "fast-python"}, "implementation"),
+    ({"engine": "sglang", "implementation": "compiled"}, "implementation"),
     ({"engine": "reference", "implementation": "fast"}, "engine"),
     ({"max_new": 0}, "max_new"),
     ({"max_new": "maybe"}, "max_new"),

@@ -1,8 +1,9 @@
-"""The fast engine equals the reference engine, bit for bit, on many small random traces (hypothesis),
-including tiny KV pools with heavy preemption, soft and hard reservations, the safety rules on and
-off, shared prefixes, the oracle's look-ahead, exact reservations and a waiting queue ordered by a
-static key (shortest-output-first); and the three engines (reference, Python fast, compiled) equal
-through the whole of ``simulate`` on seeded random traces (:func:`test_three_engines_agree_on_random_traces`)."""
+"""The fast engine (compiled, :mod:`kvdro.sim.engine_compiled`) equals the reference engine, bit for
+bit, on many small random traces (hypothesis), including tiny KV pools with heavy preemption, soft and
+hard reservations, the safety rules on and off, shared prefixes, the oracle's look-ahead, exact
+reservations and a waiting queue ordered by a static key (shortest-output-first); and the two
+implementations equal through the whole of ``simulate`` on seeded random traces
+(:func:`test_both_implementations_agree_on_random_traces`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
-from kvdro.sim.engine_fast import run_fast
+from kvdro.sim.engine_compiled import run_compiled
 from kvdro.sim.engine_reference import run_reference
 from kvdro.sim.envelope import drain_lower_bound_ps
 from kvdro.sim.invariants import check_engine
@@ -78,7 +79,7 @@ def engine_case(draw):
 def test_fast_engine_equals_reference(case):
     spec, inp = case
     a = run_reference(spec, inp, CLOCK)
-    b = run_fast(spec, inp, CLOCK)
+    b = run_compiled(spec, inp, CLOCK)
     check_engine(spec, inp, a)
     check_engine(spec, inp, b)
     if spec.lookahead:
@@ -98,7 +99,7 @@ def test_property_cases_include_heavy_preemption():
     spec = EngineSpec(blocks=20, watermark_blocks=0, max_num_seqs=8, token_budget=400, free_block_rule=True)
     inp = EngineInput(arrival_ps=np.zeros(n, dtype=np.int64), prompt=prompt, output=output,
                       reserve_blocks=np.zeros(n, dtype=np.int64), prefix_key=np.full(n, -1), shared_blocks=np.zeros(n, dtype=np.int64))
-    a, b = run_reference(spec, inp, CLOCK), run_fast(spec, inp, CLOCK)
+    a, b = run_reference(spec, inp, CLOCK), run_compiled(spec, inp, CLOCK)
     assert a.preemptions.sum() >= 20
     assert a.totals() == b.totals()
     np.testing.assert_array_equal(a.recomputed_tokens, b.recomputed_tokens)
@@ -124,7 +125,7 @@ def test_prefill_clock_equals_step_time_to_the_picosecond():
 
 # ---------------------------------------------------------------------------------------------
 # Differential fuzz through simulate(): seeded random traces, policies, readings, queue orders,
-# windows, prefixes and deployments; the reference, the Python fast and the compiled engine must give
+# windows, prefixes and deployments; the reference and the compiled engine must give
 # the same per-request frame and the same engine integers. FUZZ_TRACES per test run (a few seconds);
 # KVDRO_FUZZ_TRACES=1000 runs more.
 
@@ -165,25 +166,19 @@ def random_run(seed: int) -> tuple[pd.DataFrame, dict]:
 
 
 @pytest.mark.parametrize("block", range(4))
-def test_three_engines_agree_on_random_traces(block, monkeypatch):
-    """FUZZ_TRACES seeded random traces (a quarter per block): simulate() with the reference engine, the
-    Python fast engine and the compiled one (run_auto forced to it) give identical results."""
-    from kvdro.sim import engine_compiled as ec
+def test_both_implementations_agree_on_random_traces(block):
+    """FUZZ_TRACES seeded random traces (a quarter per block): simulate() with the reference engine and
+    with the compiled one give identical results."""
     from kvdro.sim import simulate
 
     seeds = range(block, FUZZ_TRACES, 4)
     preempted = 0
     for seed in seeds:
         trace, kw = random_run(seed)
-        runs = {}
-        for engine in ("reference", "fast-python", "compiled"):
-            monkeypatch.setattr(ec, "_served_by_python", ec.SWITCH_REQUESTS if engine == "compiled" else 0)
-            runs[engine] = simulate(trace, rng=np.random.default_rng(seed),
-                                    implementation="fast" if engine == "compiled" else engine, **kw)
-        ref = runs["reference"]
-        for engine in ("fast-python", "compiled"):
-            assert runs[engine].requests.equals(ref.requests), (seed, engine, kw["policy"])
-            for a, b in zip(ref.outputs, runs[engine].outputs):
-                assert a.totals() == b.totals(), (seed, engine)
+        ref, fast = (simulate(trace, rng=np.random.default_rng(seed), implementation=impl, **kw)
+                     for impl in ("reference", "fast"))
+        assert fast.requests.equals(ref.requests), (seed, kw["policy"])
+        for a, b in zip(ref.outputs, fast.outputs):
+            assert a.totals() == b.totals(), seed
         preempted += int(ref.requests["preemptions"].sum() > 0)
     assert preempted >= max(1, len(seeds) // 10)  # the generator reaches the regime that matters (~15 % preempt)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
 from kvdro.sim import ALL_POLICIES, POLICIES, Deployment, default_deployment, policy_buffers, simulate
-from kvdro.sim.engine_fast import _Lookahead, run_fast
+from kvdro.sim.engine_compiled import run_compiled
 from kvdro.sim.engine_reference import run_reference
 from kvdro.sim.policies import DISPLAY_NAMES, ORACLE_POLICIES
 from kvdro.sim.scheduler import EngineInput, EngineSpec, ceil_blocks, lookahead_fits
@@ -103,20 +103,37 @@ def test_oracle_admits_no_earlier_than_vllm():
     assert stricter > 100
 
 
+def _earliest(running, new, pb, limit, G) -> int:
+    """The compiled engine's look-ahead (kvdro.sim._engine_kernels._la_add, _la_earliest) on one state:
+    the running sequences joined at decode step G, then the first step >= G at which ``new`` fits."""
+    from kvdro.sim import _engine_kernels as kern
+
+    rows = list(running) + [new]
+    n = len(rows)
+    L = np.array([kv for kv, *_ in rows], np.int64)  # prompt = cached tokens (nothing generated yet)
+    X = np.array([left + 1 for _, left, _, _ in rows], np.int64)  # one token at the prefill, then `left` steps
+    S = np.array([sh for _, _, sh, _ in rows], np.int64)
+    K = np.array([key for *_, key in rows], np.int64)
+    pblocks = np.array(pb, np.int64)
+    lk, mem, mpos = np.zeros(11, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64)
+    lo_o, lo_c = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    pcs, pos, pss, pV, tmp = (np.zeros(n + 1, np.int64) for _ in range(5))
+    pckey = np.full(max(pblocks.size, 1), -1, np.int64)
+    for j, (kv, left, _, _) in enumerate(running):  # absolute decode steps: o = kv + 1 - G, c = G + left - 1
+        kern._la_add(j, kv + 1 - G, G + left - 1, lk, mem, mpos, lo_o, lo_c, S)
+    return int(kern._la_earliest(n - 1, 0, G, lk, mem, lo_o, lo_c, L, X, S, K, pblocks, int(pblocks.sum()), limit,
+                                 pcs, pos, pss, pV, pckey, tmp))
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(state(), st.integers(0, 50))
 def test_fast_engine_finds_the_first_step_the_head_fits(case, G):
-    """The fast engine's skip scan returns the first decode step >= G at which a request admitted
+    """The compiled engine's skip scan returns the first decode step >= G at which a request admitted
     then fits, the trajectories being fixed (checked against every step, by the plain rule)."""
+    from kvdro.sim._engine_kernels import _NONE
+
     running, new, pb, limit = case
-    L, X, S, K = [], [], [], []
-    oracle = _Lookahead(L, X, S, K, pb, limit)
-    for j, (kv, left, sh, key) in enumerate(running):  # absolute decode steps: o = kv + 1 - G, c = G + left - 1
-        L.append(kv), X.append(left + 1), S.append(sh), K.append(key)
-        oracle.add(j, kv + 1 - G, G + left - 1, G)
     P, m, sh, key = new
-    h = len(running)
-    L.append(P), X.append(m + 1), S.append(sh), K.append(key)
 
     def fits_at(a):  # admitted at a: the running sequences have advanced a - G steps
         shifted = [(kv + a - G, left - (a - G), s, k) for kv, left, s, k in running if left - (a - G) >= 1]
@@ -124,8 +141,8 @@ def test_fast_engine_finds_the_first_step_the_head_fits(case, G):
 
     horizon = G + max([left for _, left, _, _ in running], default=0) + 2
     first = next((a for a in range(G, horizon + 1) if fits_at(a)), None)
-    got = oracle.earliest(h, 0, G)
-    assert got == (first if first is not None else _Lookahead.INF)
+    got = _earliest(running, new, pb, limit, G)
+    assert got == (first if first is not None else _NONE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +170,7 @@ def heavy_case(draw):
 def test_oracle_never_preempts_and_the_engines_agree(case):
     spec, inp = case
     oracle = EngineSpec(**{**spec.__dict__, "lookahead": True})
-    a, b = run_reference(oracle, inp, CLOCK), run_fast(oracle, inp, CLOCK)
+    a, b = run_reference(oracle, inp, CLOCK), run_compiled(oracle, inp, CLOCK)
     assert a.preemptions.sum() == 0 and b.preemptions.sum() == 0
     assert a.totals() == b.totals()
     for name in FIELDS:
@@ -169,8 +186,8 @@ def test_heavy_cases_do_preempt_under_vllm():
     zeros = np.zeros(n, dtype=np.int64)
     spec = EngineSpec(blocks=30, watermark_blocks=1, max_num_seqs=12, token_budget=400, free_block_rule=True)
     inp = EngineInput(arrival, prompt, output, zeros, np.full(n, -1, dtype=np.int64), zeros)
-    vllm = run_fast(spec, inp, CLOCK)
-    oracle = run_fast(EngineSpec(**{**spec.__dict__, "lookahead": True}), inp, CLOCK)
+    vllm = run_compiled(spec, inp, CLOCK)
+    oracle = run_compiled(EngineSpec(**{**spec.__dict__, "lookahead": True}), inp, CLOCK)
     assert vllm.preemptions.sum() >= 10 and oracle.preemptions.sum() == 0
     assert (oracle.admit_ps >= 0).all() and (oracle.generated == output).all()
 

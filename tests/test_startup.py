@@ -59,17 +59,16 @@ def test_simulate_cli_imports_no_solver(data_dir):
 
 
 def test_numba_is_imported_only_for_the_compiled_engine(data_dir):
-    """numba (~0.2-0.8 s to import) is loaded by the compiled engine's first use, not by ``import
-    kvdro.sim`` nor by a small simulation (kvdro.sim.engine_compiled.run_auto); the probe does see
-    it once the compiled engine runs."""
-    pytest.importorskip("numba")
+    """numba (~0.2-0.8 s to import) is loaded by the compiled engine's first use -- any simulation with
+    the default implementation since the pure-Python engine was retired (issue 32) -- not by ``import
+    kvdro.sim`` nor by a run of the reference engine; the probe does see it once the compiled engine runs."""
     probe = ("import sys, numpy as np, kvdro.sim\n"
              "from kvdro.datasets import load_trace\n"
              "seen = ['numba' in sys.modules]\n"
-             "r = kvdro.sim.simulate(load_trace('azure-2023-conv').head(500), policy='vllm', rng=np.random.default_rng(0))\n"
+             "tr = load_trace('azure-2023-conv').head(200)\n"
+             "kvdro.sim.simulate(tr, policy='vllm', rng=np.random.default_rng(0), implementation='reference')\n"
              "seen.append('numba' in sys.modules)\n"
-             "from kvdro.sim.engine_compiled import run_compiled\n"
-             "run_compiled(r.specs[0], r.inputs[0], kvdro.sim.timing.StepClock.shared(r.deployment.model, r.deployment.gpu, r.deployment.groups[0]))\n"
+             "kvdro.sim.simulate(tr, policy='vllm', rng=np.random.default_rng(0))\n"
              "seen.append('numba' in sys.modules)\n"
              "print(*seen)\n")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=600).stdout.split()

@@ -1,19 +1,19 @@
 """Benchmark: the simulator on the whole Azure 2023 conversation trace, ``python -m kvdro.bench sim``.
 
-Quality bar (DESIGN.md, issues 9, 15 and 29): the fast engine simulates the whole trace (19,366
-requests, the default deployment 2 x TP4-PP1) in <= 2 s here, with metrics identical to the
-step-by-step reference engine's, for ``vllm``, a soft and a hard reservation; and (issue 29) the
-compiled fast engine (:mod:`kvdro.sim.engine_compiled`) is >= 5x faster than the pure-Python fast
-engine (:mod:`kvdro.sim.engine_fast`), measured as each one's speed ratio to the reference engine
-**in the same run**, linear in the trace length. Six parts:
+Quality bar (DESIGN.md, issues 9, 15, 29 and 32): the fast engine (``implementation="fast"``, compiled:
+:mod:`kvdro.sim.engine_compiled`) simulates the whole trace (19,366 requests, the default deployment
+2 x TP4-PP1) in <= 2 s here, with metrics identical to the step-by-step reference engine's, for
+``vllm``, a soft and a hard reservation; it is >= 50x faster than the reference engine, measured
+**in the same run** (issue 32's bar for every preset; issue 29 asked >= 5x the pure-Python event
+engine it replaced, which was retired in issue 32), and linear in the trace length. Six parts:
 
-1. ``simulate`` end to end with each engine (``fast`` = compiled, ``fast-python``, ``reference``):
-   wall time, the ratio to the reference, identical metrics and per-request frames.
+1. ``simulate`` end to end with each implementation (``fast`` = compiled, ``reference``): wall time,
+   the ratio, identical metrics and per-request frames.
 2. The engines alone on the same engine inputs (what the engine costs; ``simulate``'s own
-   bookkeeping -- routing, buffers, frames, metrics -- is the same for all three): the
-   fast/reference ratio before (pure-Python fast engine) and after (compiled), requests/s.
+   bookkeeping -- routing, buffers, frames, metrics -- is the same for both): the
+   reference/compiled ratio, requests/s.
 3. Scaling: the conversation trace tiled 1x-32x (copies one after another, the same load), the
-   engine time of both fast engines and the exponent of a log-log fit of time against length.
+   compiled engine's time and the exponent of a log-log fit of time against length.
 4. Compilation: the compiled engine's first call in a fresh process with an empty numba cache
    (compilation), with the cache (what every later process pays) and warm.
 5. Scale (issue 33; ``--scale``, or ``--scale-only`` for this part alone, several minutes and ~5 GB
@@ -54,8 +54,6 @@ import numpy as np
 from kvdro.bench._common import timed
 
 SPEED_GOAL_S = 2.0
-#: issue 29: the compiled engine's ratio to the reference at least this many times the Python one's
-GAIN_GOAL = 5.0
 N_CONV = 19_366
 TILES = (1, 2, 4, 8, 16, 32)
 
@@ -75,20 +73,13 @@ def _same(a, b) -> bool:
     return a.totals() == b.totals() and all(np.array_equal(getattr(a, k), getattr(b, k)) for k in keys)
 
 
-def _engines():
-    from kvdro.sim.engine_compiled import run_compiled
-    from kvdro.sim.engine_fast import run_fast
-    from kvdro.sim.engine_reference import run_reference
-
-    return {"compiled": run_compiled, "python": run_fast, "reference": run_reference}
-
-
 def _engine_only(trace, repeats: int) -> list[tuple]:
-    """(case, requests, compiled s, python s, reference s, identical) on the same engine inputs."""
+    """(case, requests, compiled s, reference s, identical) on the same engine inputs."""
     from kvdro.sim import default_deployment, simulate
+    from kvdro.sim.engine_compiled import run_compiled
+    from kvdro.sim.engine_reference import run_reference
     from kvdro.sim.timing import StepClock
 
-    eng = _engines()
     cases = [("vllm, 2 x TP4-PP1", "vllm", default_deployment(), 1.0, "soft"),
              ("dro soft, 2 x TP4-PP1", "dro", default_deployment(), 1.0, "soft"),
              ("vllm, 4 x TP2-PP1 at 0.6", "vllm", default_deployment(config="TP2-PP1"), 0.6, "soft"),
@@ -103,12 +94,11 @@ def _engine_only(trace, repeats: int) -> list[tuple]:
         def run(fn):
             return [fn(spec, inp, clock) for spec, inp, clock in zip(r.specs, r.inputs, clocks)]
 
-        run(eng["compiled"])  # tables of the shared clocks, as in a sweep
-        t_c, out_c = _cpu_timed(lambda: run(eng["compiled"]), max(repeats, 5))
-        t_p, out_p = _cpu_timed(lambda: run(eng["python"]), repeats)
-        t_r, out_r = _cpu_timed(lambda: run(eng["reference"]), 1)
-        same = all(_same(a, b) and _same(a, c) for a, b, c in zip(out_r, out_p, out_c))
-        rows.append((label, sum(len(i) for i in r.inputs), t_c, t_p, t_r, same))
+        run(run_compiled)  # tables of the shared clocks, as in a sweep
+        t_c, out_c = _cpu_timed(lambda: run(run_compiled), max(repeats, 5))
+        t_r, out_r = _cpu_timed(lambda: run(run_reference), 1)
+        same = all(_same(a, c) for a, c in zip(out_r, out_c))
+        rows.append((label, sum(len(i) for i in r.inputs), t_c, t_r, same))
     return rows
 
 
@@ -120,12 +110,12 @@ def _tiled(trace, copies: int):
     return pd.concat([trace.assign(arrival_s=trace["arrival_s"] + c * span) for c in range(copies)], ignore_index=True)
 
 
-def _scaling(trace, repeats: int) -> list[tuple[int, float, float]]:
-    """(requests, compiled s, python s) of the engines on 1x-32x the conversation trace (vllm, 2 x TP4-PP1)."""
+def _scaling(trace, repeats: int) -> list[tuple[int, float]]:
+    """(requests, compiled s) of the compiled engine on 1x-32x the conversation trace (vllm, 2 x TP4-PP1)."""
     from kvdro.sim import default_deployment, simulate
+    from kvdro.sim.engine_compiled import run_compiled
     from kvdro.sim.timing import StepClock
 
-    eng = _engines()
     dep = default_deployment()
     rows = []
     for copies in TILES:
@@ -135,11 +125,8 @@ def _scaling(trace, repeats: int) -> list[tuple[int, float, float]]:
         def run(fn):
             return [fn(spec, inp, clock) for spec, inp in zip(r.specs, r.inputs)]
 
-        t_c, out_c = _cpu_timed(lambda: run(eng["compiled"]), max(repeats, 3))
-        t_p, out_p = _cpu_timed(lambda: run(eng["python"]), 1)
-        if not all(_same(a, b) for a, b in zip(out_c, out_p)):
-            raise AssertionError(f"the compiled and Python fast engines differ on {copies}x the trace")
-        rows.append((sum(len(i) for i in r.inputs), t_c, t_p))
+        t_c, _ = _cpu_timed(lambda: run(run_compiled), max(repeats, 3))
+        rows.append((sum(len(i) for i in r.inputs), t_c))
     return rows
 
 
@@ -259,11 +246,7 @@ def main(argv: list[str]) -> int:
 
     from kvdro.datasets import load_trace
     from kvdro.sim import default_deployment, simulate
-    from kvdro.sim.engine_compiled import HAVE_NUMBA
 
-    if not HAVE_NUMBA:
-        print("[FAIL] numba is not installed: engine='fast' is the pure-Python fast engine")
-        return 1
     if args.scale_requests is not None and args.scale_requests < 16:
         parser.error(f"--scale-requests: need at least 16 requests, got {args.scale_requests}")
     if args.scale_only:
@@ -274,9 +257,6 @@ def main(argv: list[str]) -> int:
     trace = load_trace("azure-2023-conv")
     if args.presets_only:
         return 0 if _presets(trace, args.repeats) else 1
-    # load the compiled engine now: engine="fast" (engine_compiled.run_auto) is then the compiled
-    # engine in every run below (a fresh process's first 50,000 requests go to the Python engine)
-    _engine_only(trace.head(200), 1)
     if len(trace) != N_CONV:
         print(f"[FAIL] the conversation trace has {len(trace):,} requests, expected {N_CONV:,}")
         return 1
@@ -290,9 +270,8 @@ def main(argv: list[str]) -> int:
     ]
     print(f"Azure 2023 conversation trace: {len(trace):,} requests over {trace['arrival_s'].max():,.0f} s; "
           f"median of {args.repeats} runs per engine")
-    print("\n1. simulate() end to end [s] (fast = compiled; ratio = reference / engine)")
-    print(f"{'policy':>6} {'reading':>7} {'deployment':>13} {'fast':>6} {'python':>7} {'ref':>6} "
-          f"{'x fast':>7} {'x py':>5} {'same':>5} {'preempt':>8}")
+    print("\n1. simulate() end to end [s] (fast = compiled; ratio = reference / fast)")
+    print(f"{'policy':>6} {'reading':>7} {'deployment':>13} {'fast':>6} {'ref':>6} {'ratio':>6} {'same':>5} {'preempt':>8}")
     ok_speed = ok_same = True
     for policy, reading, name, dep, scale in cases:
         tr = trace.assign(arrival_s=trace["arrival_s"] / scale)
@@ -300,47 +279,39 @@ def main(argv: list[str]) -> int:
                                       engine=engine, reservation=reading)
         run("fast")  # the shared clock's tables, as in a sweep
         t_fast, fast = timed(lambda: run("fast"), args.repeats)
-        t_py, py = timed(lambda: run("fast-python"), args.repeats)
         t_ref, ref = timed(lambda: run("reference"), 1)
-        same = True
-        for other in (py, ref):
-            same &= ({k: v for k, v in fast.metrics.items() if k != "wall_s"} == {k: v for k, v in other.metrics.items() if k != "wall_s"}
-                     and fast.requests.equals(other.requests)
-                     and all(a.totals() == b.totals() for a, b in zip(fast.outputs, other.outputs)))
+        same = _same_result(fast, ref)
         m = fast.metrics
         ok_speed &= t_fast <= SPEED_GOAL_S if name == "2 x TP4-PP1" else True
         ok_same &= same and m["completed"] + m["rejected"] + m["ignored"] == N_CONV
-        print(f"{policy:>6} {reading:>7} {name:>13} {t_fast:6.2f} {t_py:7.2f} {t_ref:6.2f} {t_ref / t_fast:7.1f} "
-              f"{t_ref / t_py:5.1f} {str(same):>5} {m['preemptions']:>8,}")
+        print(f"{policy:>6} {reading:>7} {name:>13} {t_fast:6.2f} {t_ref:6.2f} {t_ref / t_fast:6.1f} {str(same):>5} "
+              f"{m['preemptions']:>8,}")
     print(f"[{'PASS' if ok_speed else 'FAIL'}] speed: the whole conversation trace by the fast engine in <= {SPEED_GOAL_S:g} s "
           "on the default deployment")
-    print(f"[{'PASS' if ok_same else 'FAIL'}] identical metrics and per-request outcomes in the three engines; "
+    print(f"[{'PASS' if ok_same else 'FAIL'}] identical metrics and per-request outcomes in both implementations; "
           f"completed + rejected + ignored = {N_CONV:,}")
 
     print("\n2. The engines alone, same inputs [CPU s]; ratio = reference / engine")
-    print(f"{'case':>30} {'compiled':>9} {'python':>7} {'ref':>6} {'before':>7} {'after':>7} {'gain':>5} {'k req/s':>8} {'same':>5}")
+    print(f"{'case':>30} {'compiled':>9} {'ref':>6} {'ratio':>6} {'k req/s':>8} {'same':>5}")
     rows = _engine_only(trace, args.repeats)
-    for label, n, t_c, t_p, t_r, same in rows:
+    for label, n, t_c, t_r, same in rows:
         ok_same &= same
-        print(f"{label:>30} {t_c:9.3f} {t_p:7.3f} {t_r:6.2f} {t_r / t_p:7.1f} {t_r / t_c:7.1f} {t_p / t_c:5.1f} "
-              f"{n / t_c / 1e3:8.0f} {str(same):>5}")
-    t_c, t_p, t_r = (sum(r[i] for r in rows) for i in (2, 3, 4))
-    gain = t_p / t_c
-    print(f"all cases: fast/reference {t_r / t_p:.1f}x before (Python), {t_r / t_c:.1f}x after (compiled): "
-          f"{gain:.1f}x faster; {sum(r[1] for r in rows) / t_c / 1e3:,.0f} k requests/s compiled")
-    ok_gain = gain >= GAIN_GOAL
-    print(f"[{'PASS' if ok_gain else 'FAIL'}] the compiled engine's ratio to the reference >= {GAIN_GOAL:g}x the Python "
-          "engine's (issue 29)")
+        print(f"{label:>30} {t_c:9.3f} {t_r:6.2f} {t_r / t_c:6.0f} {n / t_c / 1e3:8.0f} {str(same):>5}")
+    t_c, t_r = (sum(r[i] for r in rows) for i in (2, 3))
+    ratio = t_r / t_c
+    print(f"all cases: reference/compiled {ratio:.0f}x; {sum(r[1] for r in rows) / t_c / 1e3:,.0f} k requests/s compiled")
+    ok_gain = ratio >= PRESET_GOAL
+    print(f"[{'PASS' if ok_gain else 'FAIL'}] the compiled engine >= {PRESET_GOAL:g}x faster than the reference engine "
+          "(issue 32, as for every preset)")
 
     print("\n3. Scaling: 1x-32x the conversation trace (vllm, 2 x TP4-PP1), engine only")
-    print(f"{'requests':>9} {'compiled [CPU s]':>17} {'python [CPU s]':>15} {'k req/s':>8}")
+    print(f"{'requests':>9} {'compiled [CPU s]':>17} {'k req/s':>8}")
     scale_rows = _scaling(trace, args.repeats)
-    for n, t_c1, t_p1 in scale_rows:
-        print(f"{n:>9,} {t_c1:17.3f} {t_p1:15.2f} {n / t_c1 / 1e3:8.0f}")
-    ns = [r[0] for r in scale_rows]
-    e_c, e_p = _exponent(ns, [r[1] for r in scale_rows]), _exponent(ns, [r[2] for r in scale_rows])
+    for n, t_c1 in scale_rows:
+        print(f"{n:>9,} {t_c1:17.3f} {n / t_c1 / 1e3:8.0f}")
+    e_c = _exponent([r[0] for r in scale_rows], [r[1] for r in scale_rows])
     ok_linear = e_c <= 1.15
-    print(f"log-log exponent of time in length: compiled {e_c:.2f}, python {e_p:.2f}")
+    print(f"log-log exponent of time in length: compiled {e_c:.2f}")
     print(f"[{'PASS' if ok_linear else 'FAIL'}] the compiled engine's cost is linear in the trace length (exponent <= 1.15)")
 
     if not args.no_compile_time:

@@ -7,7 +7,7 @@ Public API::
 
 - :mod:`kvdro.sim.scheduler`        -- the vLLM v0.6 scheduling rules both engines implement, and the
                                       soft and hard readings of a reservation
-- :mod:`kvdro.sim.engine_reference` -- step-by-step engine;  :mod:`kvdro.sim.engine_fast` -- event jumping
+- :mod:`kvdro.sim.engine_reference` -- step-by-step engine;  :mod:`kvdro.sim.engine_compiled` -- event jumping, compiled
 - :mod:`kvdro.sim.engines`          -- the engines people run as named presets (``simulate(engine=...)``):
                                       vllm-v0 (the rules above), vllm-v1, sglang, trtllm-gne/-maxutil,
                                       lightllm, each rule citing its source; :mod:`kvdro.sim.engine_presets`

@@ -1,5 +1,5 @@
 """The numba kernels of :mod:`kvdro.sim.engine_compiled` (imported on first use: numba's import
-costs ~0.2-0.8 s, which a process that never runs the compiled engine should not pay).
+costs ~0.2-0.8 s, which ``import kvdro.sim`` and a process that never simulates should not pay).
 
 Every function is ``@njit(cache=True)``: compiled once per machine (~15 CPU s), then loaded from
 ``__pycache__``. ``NUMBA_DISABLE_JIT=1`` runs the same source as plain Python.
@@ -189,7 +189,7 @@ def _unlink(j, nx, pv, heads, tails, o):
 
 @njit(cache=True)
 def _remove_running(j, sc, rn, rp, rhl, tight, kv_off, qn, qp, qhead, qtail, rc, adm_of):
-    """Take ``j`` out of the running list (and its residue list when tight); the Python engine's remove_running."""
+    """Take ``j`` out of the running list (and its residue list when tight) and its offset out of the sum."""
     rhl[0], rhl[1] = sc[_RHEAD], sc[_RTAIL]
     _unlink(j, rn, rp, rhl[0:1], rhl[1:2], 0)
     sc[_RHEAD], sc[_RTAIL] = rhl[0], rhl[1]
@@ -261,7 +261,15 @@ def _moments(o, k):
 
 
 # ---------------------------------------------------------------------------------------------
-# the oracle's look-ahead (engine_fast._Lookahead over arrays); its scalars live in ``lk``
+# the oracle's look-ahead (kvdro.sim.scheduler.lookahead_fits, the rule the reference engine evaluates
+# at every step), on absolute decode steps. A running sequence j holds ceil((o_j + s)/16) - S_j own
+# blocks during decode step s up to its last step c_j (o_j = its cached tokens at step 0, plus one);
+# a prefix key's blocks are held up to the last step of its last user. This *profile* is fixed until
+# the next admission (completions are part of it), so it is kept as the usage V_i at every completion
+# point c_i (sorted; the maximum of a sum of non-decreasing steps sits at one of them), rebuilt lazily
+# after an admission (_la_profile). _la_earliest returns the first step a >= G at which a request
+# admitted at a keeps the usage <= limit at every step of its life, skipping ahead from each violated
+# point. Its scalars live in ``lk``; the running sequences' (o, c) in lo_o, lo_c.
 _LK_BOUND, _LK_VERSION, _LK_PROF, _LK_PN, _LK_NMEM, _LK_MVALID, _LK_MJ, _LK_MVER, _LK_MGPREV, _LK_MG, _LK_MRES = range(11)
 
 
@@ -334,7 +342,10 @@ def _la_profile(lk, mem, lo_o, lo_c, S, K, pblocks, pcs, pos, pss, pV, pckey, tm
 
 @njit(cache=True)
 def _la_earliest(j, gprev_j, G, lk, mem, lo_o, lo_c, L, X, S, K, pblocks, psum, limit, pcs, pos, pss, pV, pckey, tmp):
-    """The first decode step >= G at which request ``j`` fits (engine_fast._Lookahead.earliest)."""
+    """The first decode step >= G at which request ``j`` (``gprev_j`` tokens generated) fits, admitted
+    then, by the look-ahead rule (section comment above); ``_NONE`` if at no step of the profile. Two
+    shortcuts first: the running sequences' largest block counts summed (``lk[_LK_BOUND]``) leave
+    room, or the same request asked again before the profile changed (a memo)."""
     B = BLOCK_TOKENS
     P = L[j] + gprev_j
     m = X[j] - gprev_j - 1
@@ -391,7 +402,7 @@ def _la_earliest(j, gprev_j, G, lk, mem, lo_o, lo_c, L, X, S, K, pblocks, psum, 
 def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, max_seqs, budget, reactive, hard, window,
             slope, base, s0tab, pair_s, token_s, kmax,
             admit, first, finish, preemptions, recomputed, final_cap, generated, totals, wide):
-    """The event loop of :func:`kvdro.sim.engine_fast.run_fast` over arrays (module docstring).
+    """The event loop of :func:`kvdro.sim.engine_compiled.run_compiled` over arrays (its module docstring).
 
     Returns an error code (0 = fine); ``totals`` = steps, prefill_steps, busy, dps, end t, peak,
     free at the end, the request an error concerns; ``wide`` = resident, dbatch, kvi in limbs."""
@@ -636,7 +647,7 @@ def _kernel(arr, rank, by_rank, fifo, look, L, X, R, K, S, pblocks, blocks, wm, 
         watch = nxt < n_req and ((wlen == 0 and psize == 0) or (not fifo and wlen == 0))
         if k > 0 and watch:
             gap = arr[nxt] - t  # > 0
-            # the Python engine's k = min(k, s + 1), s + 1 = the fewest steps whose duration D >= gap
+            # k = min(k, the fewest steps whose duration D >= gap): the jump ends with the step that reaches the arrival
             if lin * k + sn * (k * (k - 1) // 2) >= gap:
                 lo, hi = 1, k
                 while lo < hi:

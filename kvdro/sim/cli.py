@@ -19,7 +19,8 @@ exactly the metric keys (:data:`kvdro.sim.METRIC_KEYS`) as strict JSON (a non-fi
 ``cost_total`` at ``--rho 1e308``, is null and named on stderr); ``--breakdown`` adds ``cost_breakdown``.
 
 ``--engine`` names the engine whose rules run (a preset of :mod:`kvdro.sim.engines`; default
-``vllm-v0``, today's), ``--implementation`` the code that runs ``vllm-v0``, and ``--max-new
+``vllm-v0``, today's), ``--implementation`` the code that runs it (``fast``, compiled, or ``reference``,
+step by step; the retired ``fast-python`` is refused, exit 2, saying what replaces it), and ``--max-new
 unset|true|policy|N`` what each request carries as ``max_new_tokens`` (:mod:`kvdro.sim.engine_choice`):
 a request longer than it ends there and is counted as capped. With another preset or a ``--max-new``,
 ``--json`` adds ``capped``, ``engine``, ``implementation`` and ``max_new`` to the metric keys.
@@ -63,13 +64,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the routing draw (default 0)")
     s.add_argument("--scale", type=float, default=1.0, help="multiplier of the arrival rate (default 1)")
     s.add_argument("--max-model-len", type=int, default=None, help="context window in tokens (default 16384; Llama-2: 4096)")
-    s.add_argument("--engine", choices=ENGINES + IMPLEMENTATIONS, default="vllm-v0",
+    s.add_argument("--engine", choices=ENGINES + IMPLEMENTATIONS, default="vllm-v0", type=_not_retired,
                    help="the engine's rules, a preset: vllm-v0 (default), vllm-v1, sglang, trtllm-gne, trtllm-maxutil, "
-                        "lightllm (kvdro.sim.engines); the old values fast, fast-python, reference mean vllm-v0 with "
+                        "lightllm (kvdro.sim.engines); the old values fast, reference mean vllm-v0 with "
                         "that --implementation")
-    s.add_argument("--implementation", choices=IMPLEMENTATIONS, default=None,
-                   help="the code that runs vllm-v0: fast (compiled event jumps, default), fast-python, reference "
-                        "(step by step; the only one for the other presets)")
+    s.add_argument("--implementation", choices=IMPLEMENTATIONS, default=None, type=_not_retired,
+                   help="the code that runs the engine: fast (compiled, default; vllm-v0 jumps between events) or "
+                        "reference (step by step, the specification)")
     s.add_argument("--max-new", default="unset", type=_max_new_arg, metavar="unset|true|policy|policy-soft|N",
                    help="each request's max_new_tokens: unset (window - prompt, default), true (its true length), "
                         "policy (--policy's estimate eta_i), or a client cap N >= 1; a longer request ends there, "
@@ -85,6 +86,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--breakdown", action="store_true", help="with --json, add the cost breakdown")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     return s
+
+
+def _not_retired(text: str) -> str:
+    """``--engine`` / ``--implementation``: argparse names the flag and says what replaces a retired
+    implementation (:data:`kvdro.sim.engine_choice.RETIRED`); the choices are checked after."""
+    from kvdro.sim.engine_choice import RETIRED
+
+    if text in RETIRED:
+        raise argparse.ArgumentTypeError(f"{text!r} is retired; {RETIRED[text]}")
+    return text
 
 
 def _max_new_arg(text: str):

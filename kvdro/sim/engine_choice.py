@@ -3,14 +3,16 @@
 **Engine and implementation.** ``simulate(..., engine=)`` names the engine's rules, a preset of
 :mod:`kvdro.sim.engines` (``"vllm-v0"``, the default, ``"vllm-v1"``, ``"sglang"``, ``"trtllm-gne"``,
 ``"trtllm-maxutil"``, ``"lightllm"``); ``implementation=`` says which code executes them:
-``"fast"`` (compiled event jumps), ``"fast-python"`` or ``"reference"`` (step by step) for
-``vllm-v0``; the other presets run ``"fast"`` -- their compiled implementation
-(:mod:`kvdro.sim.presets_compiled`), the default once a preset has one -- or ``"reference"``, the
-step-by-step specification (:mod:`kvdro.sim.engine_presets`), with identical results.
+``"fast"``, the compiled implementation (event jumps for ``vllm-v0``, :mod:`kvdro.sim.engine_compiled`;
+:mod:`kvdro.sim.presets_compiled` for the other presets; the default once a preset has one), or
+``"reference"``, the step-by-step specification (:mod:`kvdro.sim.engine_reference`,
+:mod:`kvdro.sim.engine_presets`), with identical results. ``"fast-python"``, vLLM v0's pure-Python
+event engine, was retired (issue 32) and is refused with a ValueError saying what replaces it
+(:data:`RETIRED`): ``"fast"`` under ``NUMBA_DISABLE_JIT=1`` runs the compiled source as plain Python.
 With the trace's prefix keys (``prefix_keys=``, :mod:`kvdro.sim.prefix_keys`) ``vllm-v1`` and
 ``sglang`` run on their reference engine: the compiled presets do not share prefixes across requests.
-Before the presets, ``engine=`` took the implementation; ``engine="fast"`` (or ``"fast-python"``,
-``"reference"``) still works and means ``engine="vllm-v0"`` with that implementation.
+Before the presets, ``engine=`` took the implementation; ``engine="fast"`` (or ``"reference"``)
+still works and means ``engine="vllm-v0"`` with that implementation.
 
 **max_new_tokens** (:func:`request_max_new`), as clients set it:
 
@@ -44,11 +46,17 @@ import numpy as np
 
 from kvdro.sim.engines import DEFAULT_ENGINE, check_engine_name
 
-__all__ = ["IMPLEMENTATIONS", "MAX_NEW_MODES", "resolve_engine", "check_max_new", "check_preset_arguments",
+__all__ = ["IMPLEMENTATIONS", "RETIRED", "MAX_NEW_MODES", "resolve_engine", "check_max_new", "check_preset_arguments",
            "generation_limits", "request_max_new"]
 
-#: The implementations of ``vllm-v0`` (the values ``engine=`` took before the presets).
-IMPLEMENTATIONS: tuple[str, ...] = ("fast", "fast-python", "reference")
+#: The implementations of every engine (the values ``engine=`` took before the presets).
+IMPLEMENTATIONS: tuple[str, ...] = ("fast", "reference")
+#: Implementations that were retired, and what to use instead (the ValueError's advice).
+RETIRED: dict[str, str] = {
+    "fast-python": "vLLM v0's pure-Python event engine was retired (issue 32): use implementation='fast' (the "
+                   "compiled engine; with NUMBA_DISABLE_JIT=1 its source runs as plain Python, for debugging) "
+                   "or implementation='reference' (step by step)",
+}
 #: The named ``max_new`` settings (besides a number).
 MAX_NEW_MODES: tuple[str, ...] = ("unset", "true", "policy", "policy-soft")
 #: The presets that take ``max_new="policy-soft"`` (module docstring).
@@ -61,6 +69,10 @@ def resolve_engine(engine: str, implementation: str | None, *, prefix_keys: bool
     (:mod:`kvdro.sim.prefix_keys`): only ``vllm-v1`` and ``sglang`` model them (ValueError naming
     ``prefix_keys`` otherwise), on their reference engine (the default then; ``"fast"`` is refused:
     the compiled presets do not share prefixes across requests)."""
+    if isinstance(engine, str) and engine in RETIRED:
+        raise ValueError(f"engine: {engine!r} is retired; {RETIRED[engine]}")
+    if isinstance(implementation, str) and implementation in RETIRED:
+        raise ValueError(f"implementation: {implementation!r} is retired; {RETIRED[implementation]}")
     if isinstance(engine, str) and engine in IMPLEMENTATIONS:  # the old meaning of engine=
         if implementation is not None and implementation != engine:
             raise ValueError(f"engine: {engine!r} is an implementation (the old engine= values); "
@@ -85,9 +97,6 @@ def resolve_engine(engine: str, implementation: str | None, *, prefix_keys: bool
         implementation = "fast" if engine == DEFAULT_ENGINE or engine in COMPILED else "reference"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation: must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    if engine != DEFAULT_ENGINE and implementation == "fast-python":
-        raise ValueError(f"implementation: 'fast-python' is vllm-v0's Python event engine; the preset {engine!r} "
-                         "runs as 'fast' (compiled) or 'reference'")
     if engine != DEFAULT_ENGINE and implementation == "fast" and engine not in COMPILED:
         raise ValueError(f"implementation: the preset {engine!r} has no compiled implementation yet "
                          f"(implementation='reference'), got {implementation!r}")

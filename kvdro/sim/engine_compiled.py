@@ -1,19 +1,40 @@
-"""The compiled engine: :mod:`kvdro.sim.engine_fast`'s event-jumping algorithm, compiled with numba.
+"""The fast engine of vLLM v0: the reference engine's semantics, jumping between events, compiled with numba.
 
-Same semantics, same algorithm, same integers as the pure-Python fast engine (and so as the
-step-by-step :mod:`kvdro.sim.engine_reference`, bit for bit; ``tests/test_sim_compiled.py``): lazy
-offsets against a global decode-step counter ``G``, 16 residue lists of "tight" sequences, heaps of
-completion and reservation-overflow steps, closed-form jumps between events. What changes is only
-the data structures, so that the loop compiles to machine code:
+Between two events every decode step is the same: the same sequences each append one token, and
+the only things that change are counters. So the engine keeps running sequences **lazily**:
+
+* a global decode-step counter ``G``; a running sequence stores offsets, so its cached tokens are
+  ``kv_off + G`` and its generated tokens ``g_off + G`` -- nothing is touched per step;
+* a sequence whose blocks are exactly full ("tight": vLLM's reactive growth, or a reservation
+  policy's request that has outgrown its reservation) takes a new block in every step with
+  ``G % 16 == (-kv_off) % 16``; such sequences sit in one of 16 residue lists, so the blocks taken by
+  the next ``k`` steps are a periodic sum over 16 counts;
+* heaps hold each sequence's completion step and, for a reservation policy, the step at which it
+  outgrows its reservation (it then joins a residue list).
+
+The events that end a jump: a completion, a reservation overflow, the step at which free blocks
+would run out (preemption), and an arrival when the waiting queue is empty (with a non-empty FCFS
+queue whose head does not fit, arrivals cannot be admitted before a completion: head-of-line
+blocking; with a queue ordered by another key, a newcomer can overtake the head, so every arrival
+ends a jump unless preempted requests are at the front). With the oracle's look-ahead a head that
+fits vLLM's rules but not the look-ahead ends the jump at the first step at which it fits, computed
+from the running sequences' fixed profile (:func:`kvdro.sim._engine_kernels._la_earliest`; the rule
+is :func:`kvdro.sim.scheduler.lookahead_fits`, which the reference engine evaluates at every step).
+The jump advances time by the closed-form sum of the ``k`` step durations (affine in the growing
+context, :class:`kvdro.sim.timing.StepClock`) and the KV-use integral by a sum over the 16 residues;
+then one ordinary step runs with the event. Time and integrals are integers, so every metric is
+bit-identical to the step-by-step :mod:`kvdro.sim.engine_reference` (``tests/test_sim_engines.py``,
+``tests/test_sim_compiled.py``).
+
+The data structures are arrays, so that the loop compiles to machine code:
 
 * the FCFS waiting queue is a ring buffer of request indices (``extendleft`` = write before the head);
 * the running sequences, oldest admission first, are a doubly linked list over request indices
   (admission numbers only grow, so appending keeps it sorted; "the next running sequence after
-  ``a``" -- ``bisect_right`` in the Python engine -- is the list successor); each residue list is
-  such a list too, kept sorted by admission number;
-* the two heaps are arrays of (step, admission number, request) with lazy deletion, as in the
-  Python engine; when one is full its stale entries are dropped (at most ``max_num_seqs`` entries
-  are live), so its size is fixed;
+  ``a``" is the list successor); each residue list is such a list too, kept sorted by admission number;
+* the two heaps are arrays of (step, admission number, request) with lazy deletion (an entry whose
+  admission number is no longer its request's is stale); when one is full its stale entries are
+  dropped (at most ``max_num_seqs`` entries are live), so its size is fixed;
 * the integrals that outgrow int64 (``kv_integral`` = blocks x ps reaches 3.5e19 on the
   conversation trace itself, above 2**63 = 9.2e18; ``resident_integral`` and
   ``decode_batch_integral`` pass it on a 32x trace) are accumulated exactly in three 30-bit limbs
@@ -32,32 +53,32 @@ the data structures, so that the loop compiles to machine code:
   round-half-to-even as :meth:`StepClock.prefill_ps`. The tables are built once per clock and
   process and grow when a run needs more (``S0`` costs ~10 us per token count: ~0.17 s for a
   16,384-token budget);
-* the engines' envelope (:mod:`kvdro.sim.envelope`) is checked before the loop, as in the Python
-  engines, and the loop stops with the same :class:`~kvdro.sim.timing.ClockLimitError` when its
+* the engines' envelope (:mod:`kvdro.sim.envelope`) is checked before the loop, as in the reference
+  engine, and the loop stops with the same :class:`~kvdro.sim.timing.ClockLimitError` when its
   clock passes the drain limit :data:`~kvdro.sim.timing.MAX_CLOCK_PS`.
 
-**Why numba.** The issue asks for >= 5x the Python fast engine. That engine already does one
-Python iteration per *event* (a completion, an overflow, an arrival, a preemption), not per step:
-96 % of its time is that loop, so fewer Python-level events cannot give 5x, let alone 20x, without
-changing what is simulated. A compiled loop can. numba compiles the loop from this Python source
-at first use (``cache=True``: once per machine, then loaded from ``__pycache__``), ships as wheels
-for every platform the book supports, and needs no compiler at install -- Cython or a C extension
-would need a build step in ``pip install`` and in Binder; a rewrite in numpy vector operations does
-not fit an event loop whose every iteration depends on the last. With ``NUMBA_DISABLE_JIT=1`` the
-same source runs as plain Python (slowly, with the same results); without numba installed
-``engine="fast"`` falls back to :func:`kvdro.sim.engine_fast.run_fast`.
+**Why numba, and one fast implementation.** The same event-jumping algorithm first ran as pure
+Python (``engine_fast.py``, issue 9), one Python iteration per *event* (a completion, an overflow,
+an arrival, a preemption), not per step: 96 % of its time was that loop, so fewer Python-level
+events could not make it much faster without changing what is simulated. A compiled loop did
+(issue 29: ~20x the Python engine). numba compiles the loop from this Python source at first use
+(``cache=True``: once per machine, then loaded from ``__pycache__``), ships as wheels for every
+platform the book supports, and needs no compiler at install -- Cython or a C extension would need
+a build step in ``pip install`` and in Binder; a rewrite in numpy vector operations does not fit an
+event loop whose every iteration depends on the last. numba is a required dependency
+(``pyproject.toml``). With ``NUMBA_DISABLE_JIT=1`` the same source runs as plain Python (slowly,
+with the same results: ``tests/test_sim_compiled.py``), which is how to step through it in a
+debugger. The Python engine, a third copy of one algorithm, was retired in issue 32; what that
+costs is the fixed start-up of a process's first compiled run (numba's import and the cached
+machine code, ~0.5 CPU s; ``python -m kvdro.bench startup`` measures a one-off
+``python -m kvdro simulate``).
 
-The kernels live in :mod:`kvdro.sim._engine_kernels`, imported on first use: numba's import and
-its registries cost ~0.5 CPU s once per process, so ``engine="fast"`` (:func:`run_auto`) lets the
-Python fast engine serve a process's first :data:`SWITCH_REQUESTS` requests (a one-off CLI run)
-and the compiled engine the rest (a sweep).
+The kernels live in :mod:`kvdro.sim._engine_kernels`, imported on first use, so that ``import
+kvdro.sim`` and ``python -m kvdro simulate --help`` do not load numba.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 import weakref
 
 import numpy as np
@@ -67,15 +88,8 @@ from kvdro.sim.invariants import InvariantError
 from kvdro.sim.scheduler import EngineInput, EngineOutput, EngineSpec, queue_order
 from kvdro.sim.timing import ClockLimitError, StepClock
 
-#: numba is installed (checked without importing it: its import alone costs ~0.2-0.8 s).
-HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+__all__ = ["KMAX", "run_compiled", "warm_up"]
 
-__all__ = ["HAVE_NUMBA", "KMAX", "SUPPORTS_ORACLE", "SWITCH_REQUESTS", "jit_disabled", "run_auto", "run_compiled",
-           "warm_up"]
-
-#: The compiled engine runs the oracle's look-ahead and a key-ordered waiting queue
-#: (:mod:`kvdro.sim.scheduler`) itself; ``simulate`` routes them here when True.
-SUPPORTS_ORACLE = True
 #: The longest jump [decode steps]; keeps every product of a jump inside int64 (module docstring).
 KMAX = 1 << 16
 _LIMB = 30  # the wide integrals' limbs (kvdro.sim._engine_kernels._addmul)
@@ -118,63 +132,28 @@ def _as_int64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-#: Requests the pure-Python fast engine serves in a process before :func:`run_auto` switches to the
-#: compiled one (module docstring of :func:`run_auto`).
-SWITCH_REQUESTS = 50_000
-_served_by_python = 0
-
-
-def run_auto(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=None) -> EngineOutput:
-    """``engine="fast"``: the compiled engine, except while a process has simulated little.
-
-    The compiled engine costs a fixed ~0.5 CPU s once per process (importing numba, loading its
-    registries and the cached machine code; the first use on a machine also compiles, ~15 CPU s),
-    about what the pure-Python fast engine needs for ~50,000 requests (~10 us each), and then runs
-    ~20x faster. So, as in ski rental, the Python engine serves a process's first
-    :data:`SWITCH_REQUESTS` requests (a one-off ``python -m kvdro simulate`` on a 19,366-request
-    trace stays as quick as before) and the compiled engine everything after -- or at once, for a
-    run that large or when it is already loaded: never more than about twice the better choice's
-    time. With ``NUMBA_DISABLE_JIT=1`` (:func:`jit_disabled`) it always runs the Python fast engine.
-    The engines give identical results and refuse the same runs (one envelope,
-    :mod:`kvdro.sim.envelope`; ``tests/test_sim_compiled.py``), so the choice -- and how many
-    requests the process served before -- changes only the speed.
-    """
-    global _served_by_python
-    kernels = sys.modules.get("kvdro.sim._engine_kernels")
-    loaded = kernels is not None and bool(getattr(kernels._kernel, "signatures", None))
-    if HAVE_NUMBA and not jit_disabled() and (loaded or _served_by_python + len(inp) >= SWITCH_REQUESTS):
-        return run_compiled(spec, inp, clock, progress=progress)
-    from kvdro.sim.engine_fast import run_fast
-
-    _served_by_python += len(inp)
-    return run_fast(spec, inp, clock, progress=progress)
-
-
-def jit_disabled() -> bool:
-    """``NUMBA_DISABLE_JIT`` is set: the kernels would run as plain Python, far slower than the Python
-    fast engine, so :func:`run_auto` keeps to the latter (the same results either way). Read as
-    numba reads it (an integer, 0 = off), from numba's own config once numba is imported."""
-    numba = sys.modules.get("numba")
-    if numba is not None:
-        return bool(numba.config.DISABLE_JIT)
+def _kernels():
+    """:mod:`kvdro.sim._engine_kernels`, imported on first use (module docstring); an ImportError that
+    says what to install when numba is missing."""
     try:
-        return int(os.environ.get("NUMBA_DISABLE_JIT", "0") or 0) != 0
-    except ValueError:
-        return False
+        from kvdro.sim import _engine_kernels
+    except ModuleNotFoundError as e:
+        if e.name != "numba":
+            raise
+        raise ImportError("the fast engine needs numba, a dependency of kvdro (pip install 'numba>=0.60,<1'); "
+                          "implementation='reference' runs without it") from e
+    return _engine_kernels
 
 
 def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progress=None, kmax: int = KMAX) -> EngineOutput:
-    """Simulate one engine with the compiled event loop; the same :class:`EngineOutput` as
-    :func:`kvdro.sim.engine_fast.run_fast` (and :func:`kvdro.sim.engine_reference.run_reference`).
+    """Simulate one engine with the compiled event loop; the same :class:`EngineOutput`, bit for bit,
+    as the step-by-step :func:`kvdro.sim.engine_reference.run_reference`.
 
     ``kmax`` [decode steps] bounds one jump (module docstring; any value >= 1 gives the same
     result). ``progress`` (a tqdm bar) is advanced once, by the finished requests, at the end.
-    Falls back to the pure-Python fast engine when numba is not installed.
+    Raises ValueError / :class:`~kvdro.sim.timing.ClockLimitError` outside the engines' envelope
+    (:mod:`kvdro.sim.envelope`), as the reference engine does; ImportError without numba.
     """
-    if not HAVE_NUMBA:
-        from kvdro.sim.engine_fast import run_fast
-
-        return run_fast(spec, inp, clock, progress=progress)
     if isinstance(kmax, bool) or not isinstance(kmax, (int, np.integer)) or not 1 <= kmax <= KMAX:
         raise ValueError(f"kmax: must be an integer in [1, {KMAX}] decode steps, got {kmax!r}")
     check_envelope(spec, inp, clock)
@@ -187,8 +166,7 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
     R = np.array(inp.reserve_blocks, dtype=np.int64, copy=True)  # grows when hard-capped
     if spec.lookahead and np.any(np.asarray(inp.reserve_blocks) != 0):
         raise ValueError("reserve_blocks: the oracle's look-ahead admits reactively (reserve nothing)")
-    from kvdro.sim import _engine_kernels as kern
-
+    kern = _kernels()
     rank, by_rank, fifo = queue_order(inp)  # int64 arrays: no per-request Python objects
     code = kern._kernel(
         _as_int64(inp.arrival_ps), _as_int64(rank), _as_int64(by_rank), bool(fifo), bool(spec.lookahead), _as_int64(inp.prompt), _as_int64(inp.output), R, _as_int64(inp.prefix_key),
@@ -209,7 +187,7 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
         raise ClockLimitError(clock.config.name, n, "the clock passed it before the queue drained")
     if code == kern._RANGE:
         raise ValueError("spec/clock: step durations or integrals outside the compiled engine's exact integer "
-                         "range (use engine='fast-python')")
+                         "range (implementation='reference' computes with Python's unbounded integers)")
     if code == kern._ORACLE_PREEMPTED:
         raise InvariantError("compiled engine: the oracle's look-ahead admitted a request that was then preempted")
     if code == kern._HEAP:
@@ -223,13 +201,11 @@ def run_compiled(spec: EngineSpec, inp: EngineInput, clock: StepClock, *, progre
     return out
 
 
-def warm_up() -> bool:
+def warm_up() -> None:
     """Compile the kernels into numba's on-disk cache now (``make install`` calls it once), so that no
     later process -- two pytest-xdist workers, a chapter's kernel -- pays the ~15 CPU s compilation
-    or compiles the same kernels at the same time. Runs 20 tiny requests; returns whether numba is
-    there to compile."""
-    if not HAVE_NUMBA:
-        return False
+    or compiles the same kernels at the same time. Runs 20 tiny requests through this engine and
+    each compiled preset (:func:`kvdro.sim.presets_compiled.warm_up`)."""
     from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
 
     clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
@@ -242,4 +218,3 @@ def warm_up() -> bool:
     from kvdro.sim.presets_compiled import warm_up as warm_up_presets
 
     warm_up_presets()
-    return True

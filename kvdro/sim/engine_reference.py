@@ -1,7 +1,8 @@
 """The reference engine: vLLM's scheduler (:mod:`kvdro.sim.scheduler`) executed step by step.
 
 Plain and slow on purpose: every engine step is one pass of the loop, every running sequence is
-touched in every decode step. :mod:`kvdro.sim.engine_fast` must reproduce it exactly.
+touched in every decode step. It is the specification: the fast engine,
+:mod:`kvdro.sim.engine_compiled`, must reproduce it exactly (``tests/test_sim_engines.py``).
 """
 
 from __future__ import annotations

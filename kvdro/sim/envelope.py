@@ -1,10 +1,10 @@
-"""The engines' envelope: what every engine checks before it serves a request, so that the reference,
-the Python fast and the compiled engine complete or refuse the same runs, with the same error.
+"""The engines' envelope: what every engine checks before it serves a request, so that the reference
+and the compiled engine complete or refuse the same runs, with the same error.
 
 The simulator's integers are exact only inside int64 (the compiled engine,
 :mod:`kvdro.sim._engine_kernels`) and its clock only up to :data:`kvdro.sim.timing.MAX_CLOCK_PS`.
-:func:`check_envelope` is called first by :func:`~kvdro.sim.engine_reference.run_reference`,
-:func:`~kvdro.sim.engine_fast.run_fast` and :func:`~kvdro.sim.engine_compiled.run_compiled`:
+:func:`check_envelope` is called first by :func:`~kvdro.sim.engine_reference.run_reference` and
+:func:`~kvdro.sim.engine_compiled.run_compiled`:
 
 * **token counts**: prompts >= 1 and outputs >= 1 token, each at most :data:`MAX_TOKENS` = 2**53
   (the largest integer a float64 holds exactly; :func:`kvdro.sim.check_trace` refuses larger

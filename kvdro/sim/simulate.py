@@ -16,11 +16,11 @@ What happens to each request of the trace (every one ends in exactly one outcome
 
 ``engine=`` picks the rules: a preset of :mod:`kvdro.sim.engines` (``"vllm-v0"`` by default, the
 rules of :mod:`kvdro.sim.scheduler`; the others run on :mod:`kvdro.sim.engine_presets`, with their
-own window and prompt limits). ``implementation=`` picks the code that runs ``vllm-v0``, three
-implementations with the same semantics: ``"reference"`` (step by step), ``"fast"`` (jumps between events,
-compiled: :mod:`kvdro.sim.engine_compiled`) and ``"fast-python"`` (the same jumps in pure Python,
-:mod:`kvdro.sim.engine_fast`; ``"fast"`` falls back to it without numba); ``kvdro.bench sim`` and
-the tests check that they agree exactly. Invariants
+own window and prompt limits). ``implementation=`` picks the code that runs them, two
+implementations with the same semantics: ``"reference"`` (step by step, the specification:
+:mod:`kvdro.sim.engine_reference`) and ``"fast"`` (compiled with numba; for ``vllm-v0`` jumps between
+events, :mod:`kvdro.sim.engine_compiled`); ``kvdro.bench sim`` and the tests check that they agree
+exactly. Invariants
 (:mod:`kvdro.sim.invariants`) are checked at the end of every run.
 """
 
@@ -331,11 +331,11 @@ def simulate(
         engine: the engine's rules, a preset of :data:`kvdro.sim.engines.ENGINES`: ``"vllm-v0"``
             (default: today's engine, :mod:`kvdro.sim.scheduler`), ``"vllm-v1"``, ``"sglang"``,
             ``"trtllm-gne"``, ``"trtllm-maxutil"``, ``"lightllm"`` (:mod:`kvdro.sim.engines`). The
-            old values ``"fast"``, ``"fast-python"``, ``"reference"`` still work: they mean
-            ``engine="vllm-v0"`` with that ``implementation``.
-        implementation: ``"fast"`` (event jumping, compiled; the default for ``vllm-v0``),
-            ``"fast-python"`` (the same in pure Python) or ``"reference"`` (step by step; the only
-            one, and the default, for the other presets) (:mod:`kvdro.sim.engine_choice`).
+            old values ``"fast"`` and ``"reference"`` still work: they mean ``engine="vllm-v0"``
+            with that ``implementation``.
+        implementation: ``"fast"`` (compiled; the default, but with the trace's ``prefix_keys``) or
+            ``"reference"`` (step by step) (:mod:`kvdro.sim.engine_choice`). ``"fast-python"`` (a
+            pure-Python event engine) was retired: a ValueError says what to use instead.
         max_new: each request's ``max_new_tokens``: ``"unset"`` (window - prompt), an integer
             client cap >= 1, ``"policy"`` (``policy``'s estimate eta_i) or ``"true"`` (the true
             length); a request longer than its max_new ends there, outcome ``capped`` (not served;
@@ -421,7 +421,7 @@ def _validate(trace: pd.DataFrame, *, rng, policy, buffers, deployment, rho, cos
     if (isinstance(aging_s_per_token, bool) or not isinstance(aging_s_per_token, (int, float, np.integer, np.floating))
             or not (np.isfinite(aging_s_per_token) and aging_s_per_token >= 0)):
         raise ValueError(f"aging_s_per_token: must be a finite number >= 0 [s per token], got {aging_s_per_token!r}")
-    if record and implementation is None and engine not in ("fast", "fast-python"):
+    if record and implementation is None and engine != "fast":
         implementation = "reference"  # a per-step trace is the reference engine's
     engine, implementation = resolve_engine(engine, implementation, prefix_keys=prefix_keys is not None)
     max_new = check_max_new(max_new)
@@ -594,16 +594,12 @@ def _engine_inputs(run: _Run, req: _Requests, lim: _Limits, routed: _Routing) ->
 
 
 def _run_engines(run: _Run, req: _Requests, lim: _Limits, routed: _Routing, engines: _Engines) -> list[EngineOutput]:
-    """Run each engine on the implementation chosen: vllm-v0 compiled (``"fast"``), ``"fast-python"`` or
-    ``"reference"``; a preset compiled (``"fast"``) or reference (with the prefix keys); invariants checked."""
+    """Run each engine on the implementation chosen: compiled (``"fast"``) or step by step
+    (``"reference"``; a preset's with the prefix keys); invariants checked."""
     from kvdro.sim.engine_reference import run_reference
 
     engine, implementation, preset_cfg = run.engine, run.implementation, run.preset_cfg
     limit = run.dep.max_model_len
-    if implementation == "fast" and engine == DEFAULT_ENGINE:
-        from kvdro.sim.engine_compiled import run_auto as run_fast  # compiled, unless the process has run little
-    elif implementation == "fast-python":
-        from kvdro.sim.engine_fast import run_fast
 
     bar = None
     if run.progress:
@@ -628,7 +624,9 @@ def _run_engines(run: _Run, req: _Requests, lim: _Limits, routed: _Routing, engi
             elif implementation == "reference":
                 out = run_reference(spec, inp, clock, record=run.record, progress=bar)
             else:
-                out = run_fast(spec, inp, clock, progress=bar)
+                from kvdro.sim.engine_compiled import run_compiled
+
+                out = run_compiled(spec, inp, clock, progress=bar)
             check_engine(spec, inp, out)
             outputs.append(out)
     finally:
