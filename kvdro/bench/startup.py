@@ -5,8 +5,16 @@ Quality bar (issue 18): ``python -m kvdro simulate --help`` starts in at most tw
 statistics or a solver, which are imported only where a model is built or a distribution fitted.
 Both commands run as fresh processes in this run, interleaved (so a busy moment of the machine hits
 both), ``--repeats`` times each after one warm-up of each (the OS file cache); the ratio of medians
-is the result. As information: ``import kvdro.sim`` and ``import cvxpy`` alone, and whether
-``import kvdro.sim`` loads CVXPY (it must not).
+is the result. As information: ``import kvdro.sim`` and ``import cvxpy`` alone, whether
+``import kvdro.sim`` loads CVXPY (it must not), and a one-off ``python -m kvdro simulate`` of the whole
+conversation trace (19,366 requests, ``--policy vllm --json --quiet``). Since issue 32 that run always
+uses the compiled engine, so it pays numba's import and the load of the cached machine code where
+the retired pure-Python engine simply ran; measured with ``farm-bench`` against the commit before
+(10 interleaved pairs, medians), the one-off run costs 1.71 CPU s instead of 1.17 (x1.52; wall
+3.17 s instead of 2.16) and peaks at 210 MiB instead of 99 MiB -- the price of one fast
+implementation; a sweep pays it once per process, and its engine time is then ~11x below the Python
+engine's (the four cases of ``python -m kvdro.bench sim``, part 2, at that commit: 0.10 CPU s
+against 1.14).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ COMMANDS = {
     "import pandas": [sys.executable, "-c", "import pandas"],
     "import kvdro.sim": [sys.executable, "-c", "import kvdro.sim"],
     "import cvxpy": [sys.executable, "-c", "import cvxpy"],
+    "kvdro simulate (conv.)": [sys.executable, "-m", "kvdro", "simulate", "--trace", "azure-2023-conv", "--policy", "vllm",
+                               "--json", "--quiet"],
 }
 
 
