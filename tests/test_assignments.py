@@ -645,7 +645,7 @@ _typed = dict(gne)
 def length_value(trace, engine, *, deployment, seed, cap):
     return dict(_typed)
 """, 0.0, "a direct simulation gives", False),
-    ("a6_engines", "q2", "share of the default, not of the oracle", """
+    ("a6_engines", "q2", "share of the default, not of the true-length arm", """
 def value_table(trace, engines, *, deployment, seed, cap):
     table = pd.DataFrame({e: length_value(trace, e, deployment=deployment, seed=seed, cap=cap) for e in engines}).T
     table["value_share"] = table["value_lower_bound"] / table["unset"]
