@@ -47,12 +47,17 @@ point estimate.
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from kvdro.experiments import atlas
+from kvdro.experiments.headroom import ROUTING_SEEDS
 
-__all__ = ["NEAR_HALF_WIDTHS", "ARMS", "UNREAD", "near", "calibration"]
+__all__ = ["NEAR_HALF_WIDTHS", "ARMS", "UNREAD", "DRAWS", "KEY", "near", "calibration", "routing_draw", "tasks", "run",
+           "compare", "read", "stability", "engine_sentences", "changes"]
 
 #: The rule's margin: a verdict is near a threshold when zero is within this many half-widths of its
 #: paired interval's nearer end (module docstring; chosen from chapter 8's seed study before any run).
@@ -66,6 +71,14 @@ ARMS: tuple[str, ...] = ("dro", "dro-soft", "true")
 #: ``vllm/core/block_manager.py``: blocks allocated as tokens arrive) and
 #: :data:`kvdro.experiments.atlas.MAX_NEW_UNREAD`.
 UNREAD: tuple[str, ...] = ("vllm-v0", *atlas.MAX_NEW_UNREAD)
+#: The routing seeds of the rerun, chapter 8's (:data:`kvdro.experiments.headroom.ROUTING_SEEDS`,
+#: 0 to 7): 0 is the atlas's own draw, reproduced (a check that the seed enters where
+#: :func:`routing_draw` puts it), and K = 7 new draws; the whole rerun takes about 2 minutes with 2
+#: workers on this shared 2-core machine (within the 3 minutes allowed it; K = 6 took 89 s).
+DRAWS: tuple[int, ...] = ROUTING_SEEDS
+#: The columns that identify a row of ``data/atlas_draws.csv``.
+KEY: tuple[str, ...] = ("cell", "engine", "arm", "draw")
+DATA = atlas.DATA
 
 
 def _need(frame: pd.DataFrame, cols, name: str) -> None:
@@ -144,3 +157,165 @@ def calibration(seeds: pd.DataFrame | None = None) -> dict[str, float]:
     near_rel = (d / half.where(half > 0)).where(d > 0, 0.0)
     return {"pairs": int(len(base)), "move_median": float(np.median(rel)), "move_p90": float(np.quantile(rel, 0.9)),
             "flips": int(flip.sum()), "flip_nearness_max": float(near_rel[flip[flip].index].max())}
+
+
+# --- The rerun under other routing draws ---
+
+@contextlib.contextmanager
+def routing_draw(draw: int):
+    """Within the block, :func:`kvdro.experiments.atlas.run_arm` routes with
+    ``numpy.random.default_rng(draw)`` instead of its seed 0: ``kvdro.sim.simulate`` (which
+    ``run_arm`` looks up at each call) is wrapped to replace the ``rng`` it is given; nothing else
+    changes. The atlas's ``run_arm`` takes no seed of its own; this keeps it untouched (a
+    ``routing_seed`` keyword there would make the wrapper unnecessary). ValueError names a bad ``draw``."""
+    import kvdro.sim as sim
+
+    if isinstance(draw, bool) or not isinstance(draw, (int, np.integer)) or draw < 0:
+        raise ValueError(f"draw: must be a routing seed, an integer >= 0, got {draw!r}")
+    original = sim.simulate
+
+    def simulate(*args, **kwargs):
+        kwargs["rng"] = np.random.default_rng(int(draw))
+        return original(*args, **kwargs)
+
+    sim.simulate = simulate
+    try:
+        yield
+    finally:
+        sim.simulate = original
+
+
+def tasks(selection: pd.DataFrame, draws=DRAWS) -> list[tuple[atlas.Cell, str, str, int]]:
+    """(cell, engine, arm, draw) of the rerun: for each (primary cell, engine) with a selected verdict
+    of ``selection`` (:func:`near`), its ``default`` and its selected arms, under each of ``draws``
+    (in the selection's order, the draws of one cell together: a worker keeps its trace loaded)."""
+    _need(selection, ("cell", "engine", "arm", "selected"), "selection")
+    draws = _check_draws(draws)
+    by_key = {c.key: c for c in atlas.cells(points="primary")}
+    sel = selection[selection["selected"].astype(bool)]
+    missing = sorted(set(sel["cell"]) - set(by_key))
+    if missing:
+        raise ValueError(f"selection: cells {missing} are not primary points of the atlas")
+    out: list[tuple[atlas.Cell, str, str, int]] = []
+    for (cell, engine), part in sel.groupby(["cell", "engine"], sort=False):
+        out += [(by_key[cell], engine, a, d) for d in draws for a in ("default", *part["arm"])]
+    return out
+
+
+def _check_draws(draws) -> tuple[int, ...]:
+    out = tuple(draws) if not isinstance(draws, (int, str)) else ()
+    if (len(out) < 2 or len(set(out)) != len(out) or 0 not in out
+            or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in out)):
+        raise ValueError(f"draws: need distinct routing seeds >= 0, seed 0 (the atlas's) and at least one more, got {draws!r}")
+    return tuple(int(d) for d in out)
+
+
+def run(cell: atlas.Cell, engine: str, arm: str, draw: int) -> dict:
+    """:func:`kvdro.experiments.atlas.run_arm` under routing seed ``draw`` (:func:`routing_draw`),
+    with the draw in the row."""
+    with routing_draw(draw):
+        row = atlas.run_arm(cell, engine, arm)
+    return {"draw": int(draw), **row}
+
+
+def compare(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (rows of :func:`run`) with each arm's paired change against its engine's ``default``
+    under the same draw (:func:`kvdro.experiments.atlas.compare`, draw by draw: the same arrivals,
+    the same routing) and its class ``cls`` (+1 beats, 0 within noise, -1 loses); the comparison
+    with ``vllm-v1``'s default is left out (not rerun) and so are the per-block counts."""
+    _need(runs, ("draw", "cell", "engine", "arm", "served_blocks", "span_s"), "runs")
+    parts = []
+    for _, part in runs.groupby("draw", sort=False):
+        c = atlas.compare(part.reset_index(drop=True))
+        c["cls"] = [atlas._sign(r) for _, r in c.iterrows()]
+        parts.append(c)
+    out = pd.concat(parts, ignore_index=True)
+    return out.drop(columns=["served_blocks", *[c for c in out.columns if c.startswith("vs_v1_")]])
+
+
+def read(data_dir: Path | None = None) -> pd.DataFrame:
+    """The cached rerun ``data/atlas_draws.csv`` (rows of :func:`compare`), checked against its
+    manifest; written by ``python -m kvdro.bench atlas-draws``."""
+    from kvdro.cachefile import read_csv_checked
+
+    base = DATA if data_dir is None else Path(data_dir)
+    return read_csv_checked(base / "atlas_draws.csv", key=KEY, remake="python -m kvdro.bench atlas-draws")
+
+
+def _point(row: pd.Series, diff: bool) -> float:
+    return float(row["vs_default_diff_rps"] if diff else row["vs_default_pct"])
+
+
+def stability(draws: pd.DataFrame, frame: pd.DataFrame, margin: float = NEAR_HALF_WIDTHS) -> pd.DataFrame:
+    """Per verdict the rule selects on the atlas ``frame`` (:func:`near`): its class in the atlas
+    (``cls``), its class under each draw of ``draws`` (rows of :func:`compare`; ``classes``, in draw
+    order), whether it ``holds`` in every draw, the number of draws, and the range of the point
+    estimate over the draws (``point_min``, ``point_max``) in the verdict's unit (``unit``: % of the
+    default's goodput, or req/s where the atlas reads the difference because the default's goodput
+    comes near zero in resamples). ValueError if ``draws`` is stale: a selected verdict missing, a
+    verdict not selected, or draw 0 not the atlas's own run (another ``served_in_deadline``)."""
+    _need(draws, (*KEY, "served_in_deadline", "cls", "vs_default_pct", "vs_default_diff_rps"), "draws")
+    sel = near(frame, margin=margin)
+    sel = sel[sel["selected"]]
+    arms = draws[draws["arm"] != "default"]
+    have = set(zip(arms["cell"], arms["engine"], arms["arm"]))
+    want = set(zip(sel["cell"], sel["engine"], sel["arm"]))
+    if have != want:
+        raise ValueError(f"draws: stale -- verdicts {sorted(want - have)} missing, {sorted(have - want)} not selected "
+                         "(rerun python -m kvdro.bench atlas-draws)")
+    base = frame.set_index(["cell", "engine", "arm"])
+    zero = draws[draws["draw"] == 0].set_index(["cell", "engine", "arm"])
+    diff0 = base.loc[zero.index, "served_in_deadline"].astype(int) != zero["served_in_deadline"].astype(int)
+    if len(zero) == 0 or diff0.any():
+        raise ValueError(f"draws: draw 0 is not the atlas's run at {list(diff0[diff0].index)[:3]} "
+                         "(rerun python -m kvdro.bench atlas-draws)")
+    idx = arms.set_index(["cell", "engine", "arm"]).sort_values("draw", kind="stable")
+    rows = []
+    for r in sel.itertuples():
+        k = (r.cell, r.engine, r.arm)
+        d = idx.loc[[k]]
+        diff = bool(base.loc[k, "vs_default_base_near_zero"])
+        pts = [_point(x, diff) for _, x in d.iterrows()]
+        cls = d["cls"].astype(int).tolist()
+        rows.append({"cell": r.cell, "engine": r.engine, "arm": r.arm, "cls": int(r.cls), "nearness": r.nearness,
+                     "classes": " ".join(f"{c:+d}" for c in cls), "draws": len(cls), "holds": all(c == r.cls for c in cls),
+                     "point_min": min(pts), "point_max": max(pts), "unit": "req/s" if diff else "%"})
+    return pd.DataFrame(rows)
+
+
+_CLASS = {1: "beats", 0: "noise", -1: "loses"}
+
+
+def engine_sentences(table: pd.DataFrame) -> dict[str, str]:
+    """Per engine of :func:`stability`'s ``table``: how many of its selected verdicts keep their
+    class in every draw (the verdicts that do not: :func:`changes`)."""
+    _need(table, ("engine", "holds", "draws"), "table")
+    if not len(table):
+        raise ValueError("table: no selected verdict")
+    n = int(table["draws"].max())
+    return {e: f"`{e}`: {int(sub['holds'].sum())} of {len(sub)} keep their class in all {n} draws"
+            for e in atlas.ENGINES if len(sub := table[table["engine"] == e])}
+
+
+def changes(table: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts of :func:`stability`'s ``table`` whose class does not hold: the primary point, engine
+    and arm, the atlas's class, how many draws give each class, and the range of the change over the
+    draws (in % of the default's goodput, or req/s where the atlas reads the difference)."""
+    _need(table, ("cell", "engine", "arm", "cls", "classes", "holds", "point_min", "point_max", "unit"), "table")
+    rows = []
+    for r in table[~table["holds"].astype(bool)].itertuples():
+        got = [int(c) for c in r.classes.split()]
+        rows.append({"point": atlas.point_name(_cell(r.cell)), "engine": r.engine, "arm": r.arm,
+                     "atlas (draw 0)": _CLASS[r.cls],
+                     "classes over the draws": ", ".join(f"{_CLASS[k]} {got.count(k)}" for k in (1, 0, -1) if k in got),
+                     "change over the draws": f"{_num(r.point_min, r.unit)} to {_num(r.point_max, r.unit)}"})
+    return pd.DataFrame(rows, columns=["point", "engine", "arm", "atlas (draw 0)", "classes over the draws",
+                                       "change over the draws"])
+
+
+def _num(x: float, unit: str) -> str:
+    return f"{x:+.1f}%" if unit == "%" else f"{x:+.3f} {unit}"
+
+
+def _cell(key: str) -> atlas.Cell:
+    return next(c for c in atlas.cells(points="primary") if c.key == key)
