@@ -114,3 +114,34 @@ def test_a_cut_cache_is_refused(tiny_map, tmp_path):
     path.write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ValueError, match="regimes_workloads.csv"):
         wr.load_map(path)
+
+
+def test_llama2_70b_is_mapped_on_h100_only_with_the_books_window():
+    """Llama-2-70B on H100 (its A100 map is the headroom map): served as there, 16,384-token window."""
+    from kvdro.sim import regimes as rg
+
+    assert wr.gpus_of("azure-conv-70b") == ("h100-80gb",) and wr.gpus_of("r1") == wr.GPUS
+    grid = wr.cells(("azure-conv-70b",))
+    assert {c["gpu"] for c in grid} == {"h100-80gb"} and len(grid) == 10 * len(wr.deployments("azure-conv-70b", "h100-80gb"))
+    dep = wr.deployments("azure-conv-70b", "h100-80gb")["4 x TP2-PP1"]
+    a100 = rg.deployment("4 x TP2-PP1")  # the headroom map's deployment of the same model
+    assert dep.max_model_len == a100.max_model_len == wr.max_model_len("azure-conv-70b") and dep.model == a100.model
+    assert wr.max_model_len("azure-conv-7b") == 4096
+    with pytest.raises(ValueError, match="workloads"):
+        wr.cells(("azure-conv-13b",))
+
+
+def test_merge_map_replaces_one_workload_and_keeps_the_others(tiny_map, tmp_path):
+    measured = tiny_map[[c for c in tiny_map.columns if c not in ("slo_floor", "slo_excess", "backlog_growing", "stable",
+                                                                   "saturated", "memory_bound", "light", "regime")]]
+    other = measured.assign(workload="mooncake-conv")
+    old_path = wr.write_map(pd.concat([other, measured], ignore_index=True), tmp_path / "regimes_workloads.csv")
+    before = old_path.read_text().splitlines()
+    new = measured.assign(kv_mean=measured["kv_mean"] + 0.01)
+    merged = wr.merge_map(new, pd.read_csv(old_path))
+    after = wr.write_map(merged, old_path).read_text().splitlines()
+    keep = lambda lines: [ln for ln in lines[1:] if ln.startswith("mooncake-conv,")]  # noqa: E731
+    assert keep(after) == keep(before) and after[0] == before[0] and len(after) == len(before)
+    assert np.allclose(wr.load_map(old_path).query("workload == 'azure-conv-7b'")["kv_mean"], new["kv_mean"], rtol=1e-5)
+    with pytest.raises(ValueError, match="new"):
+        wr.merge_map(pd.concat([new, new]), pd.read_csv(old_path))

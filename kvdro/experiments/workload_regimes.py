@@ -11,10 +11,15 @@ context window, under today's engine (vLLM v0's scheduler, ``policy="vllm"``):
 * ``r1``: the first :data:`R1_DURATION_S` seconds of ServeGen's DeepSeek-R1 day at production rate
   (:func:`kvdro.workload.servegen_r1`, seed 0) on DeepSeek-R1-Distill-Llama-70B;
 * ``azure-conv-7b``: the Azure 2023 conversation trace, whole (19,366 requests, 58 min) on
-  Llama-2-7B, which has no grouped-query attention (512 KiB of KV per token).
+  Llama-2-7B, which has no grouped-query attention (512 KiB of KV per token);
+* ``azure-conv-70b``: the same trace, whole, on Llama-2-70B, on **H100-80GB only**
+  (:data:`WORKLOAD_GPUS`): its A100 map is chapter 8's headroom map (``data/headroom.csv``, the test
+  half). The H100 step times are the hardware model's fit to Vidur's H100 profiles of Llama-2-70B
+  (``h100-llama2-70b-mlp.csv``, ``all_reduce_h100_dgx.csv``: :mod:`kvdro.hardware`).
 
 ``max_model_len`` is the model's window (:attr:`kvdro.hardware.Model.max_context`: 131,072 tokens for
-the two 70B models, 4,096 for Llama-2-7B). vLLM ignores a prompt longer than the window and caps
+Llama-3.1-70B and R1-Distill, 4,096 for Llama-2-7B), except Llama-2-70B, served as on its A100 map
+with the book's 16,384-token window (:func:`max_model_len`). vLLM ignores a prompt longer than the window and caps
 an output at it (:mod:`kvdro.sim.simulate`); both are counted per cell (``ignored``, ``truncated``).
 
 **The deployments** (:func:`deployments`): for each PP = 1 configuration of
@@ -26,7 +31,9 @@ own arrival rate in steps of sqrt(2) (a 22.6x range), replayed by :func:`kvdro.s
 Each range starts well inside the light region by chapter 4's capacity arithmetic and ends past
 saturation: the R1 hour arrives at 19 requests/s of ~1,500-token outputs, several times what 8 GPUs
 decode, so its grid starts at 1/64 of it; Mooncake's long prompts saturate 8 GPUs near its own rate
-(from 1/16); Llama-2-7B serves the short Azure requests many times faster than a 70B model (from 1x).
+(from 1/16); Llama-2-7B serves the short Azure requests many times faster than a 70B model (from 1x);
+Llama-2-70B on eight A100s saturates near the Azure trace's own rate (chapter 9's map), and an H100
+decodes a few times faster, so its grid runs from 1/4 to 5.7x.
 
 Per cell (one row; :func:`regime_cell`): vLLM's mean and peak KV use, preemptions, the share of
 served requests it preempts at least once (``preempted_share``), its **recompute share**
@@ -41,7 +48,9 @@ the nearest is reported instead (among stable cells where vLLM preempts, the hig
 else none).
 
 ``python -m kvdro.bench regimes-new`` writes ``data/regimes_workloads.csv`` (joblib, ``n_jobs``
-capped at the CPUs); :func:`load_map` reads it back, classified.
+capped at the CPUs); :func:`load_map` reads it back, classified. ``--workloads`` reruns only some
+workloads and :func:`merge_map` puts their rows into the cached map in the grid's order, the other
+rows kept as they are (the bench checks their lines are byte-identical after the write).
 """
 
 from __future__ import annotations
@@ -59,17 +68,21 @@ from kvdro.sim import regimes
 if TYPE_CHECKING:
     from kvdro.sim import Deployment
 
-__all__ = ["WORKLOADS", "GPUS", "LOADS", "R1_DURATION_S", "CSV", "COMMAND", "workload_trace", "deployments",
-           "cells", "regime_cell", "regime_map", "classify", "operating_points", "write_map", "load_map"]
+__all__ = ["WORKLOADS", "GPUS", "WORKLOAD_GPUS", "LOADS", "R1_DURATION_S", "CSV", "COMMAND", "workload_trace",
+           "deployments", "max_model_len", "gpus_of", "check_workloads", "cells", "regime_cell", "regime_map", "classify",
+           "operating_points", "merge_map", "write_map", "load_map"]
 
 #: Workload key -> (trace, registry model name, what it is).
 WORKLOADS: dict[str, tuple[str, str, str]] = {
     "mooncake-conv": ("mooncake-conversation", "llama-3.1-70b", "Mooncake conversation on Llama-3.1-70B"),
     "r1": ("servegen-r1", "deepseek-r1-distill-llama-70b", "ServeGen R1 reasoning on R1-Distill-Llama-70B"),
     "azure-conv-7b": ("azure-2023-conv", "llama-2-7b", "Azure 2023 conversation on Llama-2-7B (no GQA)"),
+    "azure-conv-70b": ("azure-2023-conv", "llama-2-70b", "Azure 2023 conversation on Llama-2-70B (H100)"),
 }
 #: GPUs of the map (registry names of :data:`kvdro.hardware.GPUS`).
 GPUS: tuple[str, ...] = ("a100-80gb", "h100-80gb")
+#: Workloads mapped on some of :data:`GPUS` only (Llama-2-70B on A100: the headroom map).
+WORKLOAD_GPUS: dict[str, tuple[str, ...]] = {"azure-conv-70b": ("h100-80gb",)}
 #: GPUs per deployment.
 TOTAL_GPUS = 8
 #: The R1 trace: the first hour of ServeGen's day at production rate [s].
@@ -77,7 +90,7 @@ R1_DURATION_S = 3600.0
 #: Ten loads per workload (multipliers of the trace's own rate), sqrt(2) apart, fixed before the run.
 LOADS: dict[str, tuple[float, ...]] = {
     w: tuple(float(np.round(start * 2 ** (k / 2), 6)) for k in range(10))
-    for w, start in (("mooncake-conv", 1 / 16), ("r1", 1 / 64), ("azure-conv-7b", 1.0))
+    for w, start in (("mooncake-conv", 1 / 16), ("r1", 1 / 64), ("azure-conv-7b", 1.0), ("azure-conv-70b", 1 / 4))
 }
 CSV = Path(__file__).resolve().parents[2] / "data" / "regimes_workloads.csv"
 COMMAND = "python -m kvdro.bench regimes-new"
@@ -102,9 +115,20 @@ def workload_trace(workload: str, r1_duration_s: float = R1_DURATION_S) -> pd.Da
     return trace[["arrival_s", "input_tokens", "output_tokens", "request_class"]].reset_index(drop=True)
 
 
+def max_model_len(workload: str) -> int:
+    """vLLM's ``max_model_len`` for ``workload`` [tokens]: the model's window, except for Llama-2-70B
+    (``azure-conv-70b``), served as on its A100 map with the book's 16,384-token window
+    (:data:`kvdro.sim.deployment.MAX_MODEL_LEN`), so that every Azure request fits (module docstring)."""
+    from kvdro.hardware import model_by_name
+    from kvdro.sim.deployment import MAX_MODEL_LEN
+
+    check_workloads((workload,))
+    return MAX_MODEL_LEN if workload == "azure-conv-70b" else int(model_by_name(WORKLOADS[workload][1]).max_context)
+
+
 def deployments(workload: str, gpu: str) -> dict[str, Deployment]:
     """Label -> :class:`~kvdro.sim.Deployment`: 8 / TP groups of each PP = 1 configuration that fits
-    ``workload``'s model on ``gpu`` with ``max_model_len`` = the model's window (module docstring)."""
+    ``workload``'s model on ``gpu`` with :func:`max_model_len` (module docstring)."""
     from kvdro.hardware import deployments_that_fit, gpu_by_name, model_by_name
     from kvdro.sim import Deployment
 
@@ -112,25 +136,44 @@ def deployments(workload: str, gpu: str) -> dict[str, Deployment]:
         raise ValueError(f"workload: must be one of {list(WORKLOADS)}, got {workload!r}")
     model, g = model_by_name(WORKLOADS[workload][1]), gpu_by_name(gpu)
     out = {}
-    for cfg in deployments_that_fit(model, g, TOTAL_GPUS, max_model_len=model.max_context):
+    window = max_model_len(workload)
+    for cfg in deployments_that_fit(model, g, TOTAL_GPUS, max_model_len=window):
         if cfg.pp != 1:
             continue
         z = TOTAL_GPUS // cfg.gpus
         label = f"{z} x {cfg.name}"
-        out[label] = Deployment(groups=(cfg,) * z, model=model, gpu=g, max_model_len=model.max_context, name=label)
+        out[label] = Deployment(groups=(cfg,) * z, model=model, gpu=g, max_model_len=window, name=label)
     if not out:
-        raise ValueError(f"gpu: {model.name} with its {model.max_context:,}-token window fits no PP = 1 deployment "
+        raise ValueError(f"gpu: {model.name} with its {window:,}-token window fits no PP = 1 deployment "
                          f"of {TOTAL_GPUS} x {g.name}")
     return out
 
 
+def gpus_of(workload: str) -> tuple[str, ...]:
+    """The GPUs ``workload`` is mapped on (:data:`WORKLOAD_GPUS`, else :data:`GPUS`)."""
+    check_workloads((workload,))
+    return WORKLOAD_GPUS.get(workload, GPUS)
+
+
+def check_workloads(workloads) -> tuple[str, ...]:
+    """``workloads`` as a tuple in :data:`WORKLOADS` order; ValueError naming ``workloads`` for an
+    unknown one or none."""
+    workloads = (workloads,) if isinstance(workloads, str) else tuple(workloads)
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad or not workloads:
+        raise ValueError(f"workloads: must be among {list(WORKLOADS)}, got {list(workloads)!r}")
+    return tuple(w for w in WORKLOADS if w in workloads)
+
+
 def cells(workloads: tuple[str, ...] = tuple(WORKLOADS), gpus: tuple[str, ...] = GPUS,
           loads: dict[str, tuple[float, ...]] | None = None) -> list[dict]:
-    """The grid: one dict (workload, gpu, deployment, load) per cell, in a fixed order; ``loads``
-    (default :data:`LOADS`) are multipliers of each trace's own arrival rate."""
+    """The grid: one dict (workload, gpu, deployment, load) per cell, in a fixed order (workloads in
+    :data:`WORKLOADS` order, each on its GPUs of ``gpus``: :func:`gpus_of`); ``loads`` (default
+    :data:`LOADS`) are multipliers of each trace's own arrival rate."""
     loads = LOADS if loads is None else loads
     return [{"workload": w, "gpu": g, "deployment": d, "load": float(x)}
-            for w in workloads for g in gpus for d in deployments(w, g) for x in loads[w]]
+            for w in check_workloads(workloads) for g in gpus if g in gpus_of(w)
+            for d in deployments(w, g) for x in loads[w]]
 
 
 def regime_cell(cell: dict, *, r1_duration_s: float = R1_DURATION_S, trace: pd.DataFrame | None = None) -> dict:
@@ -219,6 +262,25 @@ def operating_points(frame: pd.DataFrame) -> pd.DataFrame:
         row.update({c: (pick[c] if pick is not None else (np.nan if c != "regime" else "")) for c in cols})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def merge_map(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
+    """The cached map ``old`` with the workloads of ``new`` (rows of :func:`regime_cell`) replaced by
+    ``new``'s rows, in :func:`cells`' order of workloads (old rows first within a workload they share
+    with none of ``new``); ``old``'s other rows are kept as read. ValueError if ``new`` repeats a key
+    or has a workload outside :data:`WORKLOADS`."""
+    check_workloads(tuple(new["workload"].unique()))
+    if new.duplicated(list(KEY)).any():
+        raise ValueError(f"new: repeated keys {list(KEY)}")
+    keep = old[~old["workload"].isin(set(new["workload"]))]
+    cols = list(old.columns) if len(old.columns) else list(new.columns)
+    missing = [c for c in cols if c not in new.columns]
+    if missing:
+        raise ValueError(f"new: missing column(s) {missing} of the cached map")
+    order = {w: i for i, w in enumerate(WORKLOADS)}
+    parts = [(order.get(w, len(order)), part) for w, part in keep.groupby("workload", sort=False)]
+    parts += [(order[w], part[cols]) for w, part in new.groupby("workload", sort=False)]
+    return pd.concat([p for _, p in sorted(parts, key=lambda t: t[0])], ignore_index=True)
 
 
 def write_map(frame: pd.DataFrame, path: str | os.PathLike[str] = CSV) -> Path:
