@@ -91,9 +91,11 @@ def decomposition(engines: tuple[str, ...] | None = None) -> pd.DataFrame:
     ``tokens_ratio`` = K_d / K_t (tokens fed, K = W + R: the work every policy feeds plus the
     recomputed tokens, :func:`kvdro.experiments.headroom.run_stats`), ``cost_ratio`` = c_d / c_t
     (seconds of step time per token fed, c = busy / K), so that busy_ratio = cost_ratio x tokens_ratio
-    exactly; ``reads_max_new``: False where the engine's rules never read max_new (the two runs are
+    exactly (:func:`kvdro.experiments.decomposition.ratios`, which the atlas's
+    :func:`kvdro.experiments.atlas.decomposition` shares); ``reads_max_new``: False where the engine's rules never read max_new (the two runs are
     the same run and every ratio is 1 by construction)."""
     from kvdro.datasets import load_trace
+    from kvdro.experiments.decomposition import ratios
     from kvdro.experiments.headroom import run_stats
     from kvdro.sim import default_deployment, simulate
     from kvdro.sim.engines import ENGINES
@@ -110,9 +112,9 @@ def decomposition(engines: tuple[str, ...] | None = None) -> pd.DataFrame:
         runs = {arm: simulate(trace, policy="vllm", deployment=dep, rng=np.random.default_rng(0), engine=engine,
                               max_new=arm) for arm in ("unset", "true")}
         d, t = (run_stats(runs[arm]) for arm in ("unset", "true"))
-        k_d, k_t = d["work_tokens"] + d["recomputed"], t["work_tokens"] + t["recomputed"]
-        rows.append({"engine": engine, "busy_ratio": d["busy_s"] / t["busy_s"], "tokens_ratio": k_d / k_t,
-                     "cost_ratio": d["cost_per_token_s"] / t["cost_per_token_s"],
+        r = ratios(d["busy_s"], d["work_tokens"] + d["recomputed"], t["busy_s"], t["work_tokens"] + t["recomputed"])
+        rows.append({"engine": engine, "busy_ratio": r["busy_ratio"], "tokens_ratio": r["tokens_ratio"],
+                     "cost_ratio": r["cost_ratio"],
                      "recomputed_default": d["recomputed"], "recomputed_true": t["recomputed"],
                      "reads_max_new": not runs["unset"].requests.equals(runs["true"].requests)})
     return pd.DataFrame(rows)

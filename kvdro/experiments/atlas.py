@@ -9,6 +9,8 @@ atlas run* by a rule written here and applied to a cached regime map made under 
 * the workloads of issue 33's map (``data/regimes_workloads.csv``): Mooncake conversation on
   Llama-3.1-70B, the ServeGen DeepSeek-R1 reasoning workload on R1-Distill-Llama-70B, and the Azure
   conversation trace on Llama-2-7B (no grouped-query attention), each on A100-80GB and H100-80GB,
+  and the Azure conversation trace on Llama-2-70B on H100-80GB (``conversation-70b``; the map's
+  ``azure-conv-70b``, added to it for the atlas: its A100 map is the headroom map above), all
   played whole as the map played them (the estimates fitted in sample, on the same trace: an
   optimistic reading of a deployable estimate, said in the ``fit`` column). The R1 hour is cut to
   its first :data:`R1_WINDOW_S` seconds (a contiguous window, played at the map's load; the map
@@ -23,7 +25,7 @@ memory pressure the deployment carries while its queue still drains. Around that
 same deployment, the atlas also runs **every stable load from the map's highest light load up**
 (rule ``"stable, from the highest light load up"``): the loads over which memory comes to bind,
 none past saturation (a queue that never drains is not a serving point). ``points="primary"``
-keeps only the rule's point (a reduced sweep). The rule's name is in every row (``rule``). (Model, GPU) pairs without a regime map (Llama-2-70B on H100) are not in the atlas.
+keeps only the rule's point (a reduced sweep). The rule's name is in every row (``rule``).
 
 **Engines** :data:`ENGINES` (the presets of :mod:`kvdro.sim.engines`) and **arms** (:data:`ARMS`):
 
@@ -47,7 +49,10 @@ Per run (:func:`run_arm`): goodput (requests served within their own deadline D 
 per second of the run's horizon: the simulator's ``goodput_rps``) and the count it divides
 (``served_in_deadline``), SLO attainment, P99 TTFT and end-to-end time, preemptions (or
 retractions), capped requests, mean and peak KV use, and which implementation ran it
-(``implementation``: ``fast`` compiled, ``reference`` step by step). Per family
+(``implementation``: ``fast`` compiled, ``reference`` step by step), and what the busy-time
+decomposition needs (:func:`kvdro.experiments.headroom.run_stats`): ``busy_s``, the engines' summed
+step time [s], ``work_tokens`` W, ``recomputed_tokens`` R and ``tokens_fed`` K = W + R [tokens] (in an
+arm that caps requests, W counts the capped requests' tokens too: they were fed). Per family
 (:func:`compare`): each arm's goodput against its engine's ``default`` and against ``vllm-v1``'s
 ``default``, paired (the same arrivals and routing draw), with 95 % moving-block bootstrap
 intervals over :data:`kvdro.experiments.uncertainty.N_BLOCKS` time blocks
@@ -63,6 +68,11 @@ here; another policy with the same knowledge may do better) -- with the paired i
 chosen arm against the default (chosen on the point estimate, so the interval is optimistic), and
 the share of it each deployable estimate recovers, (g_estimate - g_default) / (g_best_true -
 g_default), reported only where the bound is positive.
+
+**The decomposition across the cells** (:func:`decomposition`, item 3): per (cell, engine), the
+default against the ``true`` arm, busy_ratio = cost_ratio x tokens_ratio
+(:func:`kvdro.experiments.decomposition.ratios`, the function chapter 8's table at the presets'
+point uses too).
 """
 
 from __future__ import annotations
@@ -79,7 +89,8 @@ from kvdro.experiments import uncertainty as unc
 __all__ = ["ENGINES", "FAMILIES", "ARMS", "Arm", "Cell", "TRUE_LENGTH_ARMS", "ESTIMATE_ARMS", "CLIENT_CAP",
            "R1_WINDOW_S", "RHO", "pick_point", "cells", "arms_for", "tasks", "cell_inputs", "run_arm", "compare",
            "length_value", "check_families", "check_engines", "VERDICT_ARMS", "ENGINE_FAMILIES", "MAX_NEW_UNREAD",
-           "read", "describe", "point_name", "change_text", "verdict", "verdict_sentences", "value_summary", "size"]
+           "read", "describe", "point_name", "change_text", "verdict", "verdict_sentences", "value_summary", "size",
+           "MAX_NEW_READERS", "decomposition"]
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 #: The engine presets of the atlas, vllm-v0 first (:data:`kvdro.sim.engines.ENGINES`).
@@ -90,11 +101,12 @@ RHO = 10.0
 R1_WINDOW_S = 300.0
 #: A realistic client ``max_new_tokens`` per workload [tokens] (module docstring).
 CLIENT_CAP: dict[str, int] = {"conversation": 1000, "code": 1000, "sharegpt": 1000, "mooncake": 1000,
-                              "conversation-7b": 1000, "r1": 32768}
+                              "conversation-7b": 1000, "conversation-70b": 1000, "r1": 32768}
 
 #: Atlas workload -> (family, map, the map's workload name, model, GPUs).
 _WORKLOADS: dict[str, tuple[str, str, str, str, tuple[str, ...]]] = {
     "conversation": ("conversation", "headroom", "conversation", "llama-2-70b", ("a100-80gb",)),
+    "conversation-70b": ("conversation", "regimes_workloads", "azure-conv-70b", "llama-2-70b", ("h100-80gb",)),
     "conversation-7b": ("conversation", "regimes_workloads", "azure-conv-7b", "llama-2-7b", ("a100-80gb", "h100-80gb")),
     "code": ("code", "headroom", "code", "llama-2-70b", ("a100-80gb",)),
     "sharegpt": ("sharegpt", "headroom", "sharegpt", "llama-2-70b", ("a100-80gb",)),
@@ -333,6 +345,7 @@ def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = N
     r = simulate(test, policy=a.policy, buffers=buffers, deployment=dep, rho=RHO, rng=np.random.default_rng(0),
                  engine=engine, max_new=max_new, schedule=a.schedule, length_hint=hint)
     q, m = r.requests, r.metrics
+    stats = _fed(r)
     ok = q["outcome"].isin(["completed", "truncated"]).to_numpy() & (q["e2e_s"].to_numpy() <= q["deadline_s"].to_numpy())
     blocks = unc.block_sums(unc.block_index(test["arrival_s"].to_numpy()), ok.astype(float))
     return {"family": cell.family, "cell": cell.key, "engine": engine, "arm": arm,
@@ -343,7 +356,23 @@ def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = N
             "capped": int(m.get("capped", 0)), "completed": int(m["completed"]), "truncated": int(m["truncated"]),
             "ignored": int(m["ignored"]), "kv_use_mean": m["kv_utilisation_mean"],
             "kv_use_peak": float(r.engines["kv_use_peak"].max()), "horizon_s": float(r.cost["horizon_s"]),
-            "served_blocks": unc.encode(blocks)}
+            "busy_s": stats["busy_s"], "work_tokens": int(stats["work_tokens"]), "recomputed_tokens": int(stats["recomputed"]),
+            "tokens_fed": int(stats["work_tokens"] + stats["recomputed"]), "served_blocks": unc.encode(blocks)}
+
+
+def _fed(res) -> dict:
+    """Busy time and tokens fed of one run: :func:`kvdro.experiments.headroom.run_stats` (W over the
+    served requests, which it checks against the engines' own count) where the run caps no request;
+    where an arm caps requests at ``max_new``, the engines' own count, which includes the capped
+    requests' tokens (fed, then not served): W = sum over the requests the engines ran of
+    (L_in + generated - 1)."""
+    from kvdro.experiments.headroom import run_stats
+
+    if int(res.metrics.get("capped", 0)) == 0:
+        return run_stats(res)
+    work = sum(int(np.sum(inp.prompt + out.generated - 1)) for inp, out in zip(res.inputs, res.outputs))
+    return {"work_tokens": work, "recomputed": sum(int(np.sum(out.recomputed_tokens)) for out in res.outputs),
+            "busy_s": sum(int(out.busy_ps) for out in res.outputs) / 1e12}
 
 
 def _pair(a: pd.Series, b: pd.Series) -> unc.Interval:
@@ -434,6 +463,7 @@ ENGINE_FAMILIES: dict[str, tuple[str, ...]] = {"vLLM": ("vllm-v0", "vllm-v1"), "
 #: take no look-ahead or ordering arm here: their lower bound is 0 by construction.
 MAX_NEW_UNREAD: tuple[str, ...] = ("vllm-v1", "trtllm-maxutil")
 _WORKLOAD_NAMES = {"conversation": "Azure conversation", "conversation-7b": "Azure conversation",
+                   "conversation-70b": "Azure conversation",
                    "code": "Azure code", "sharegpt": "ShareGPT", "mooncake": "Mooncake conversation",
                    "r1": "ServeGen R1 reasoning"}
 _MODEL_NAMES = {"llama-2-70b": "Llama-2-70B", "llama-2-7b": "Llama-2-7B", "llama-3.1-70b": "Llama-3.1-70B",
@@ -551,3 +581,53 @@ def size(runs: pd.DataFrame, cell_list: list[Cell] | None = None) -> dict[str, i
     if per.nunique() != 1:
         raise ValueError("runs: cells with different numbers of arms")
     return {"cells": int(n_cells), "runs": int(len(runs)), "arms_per_cell": int(per.iloc[0])}
+
+
+#: Presets whose admission reads ``max_new`` (:mod:`kvdro.sim.engines`): SGLang's ``PrefillAdder``
+#: (``new_token_ratio`` x max_new), TensorRT-LLM's GUARANTEED_NO_EVICT (reserves max_new) and
+#: LightLLM's peak rule (``kvdro.sim.engines.sglang``, ``.trtllm``, ``.lightllm``). vLLM v0 and v1
+#: and TensorRT-LLM's max-utilization policy admit on the prompt alone.
+MAX_NEW_READERS: tuple[str, ...] = ("sglang", "trtllm-gne", "lightllm")
+_DECOMPOSITION_COLUMNS = ("busy_s", "tokens_fed", "recomputed_tokens", "served_blocks", "preemptions", "capped",
+                          "served_in_deadline", "kv_use_mean")
+
+
+def decomposition(runs: pd.DataFrame, cells=None, engines=None) -> pd.DataFrame:
+    """Chapter 8's decomposition in every atlas cell: per (cell, engine) of ``runs`` (rows of
+    :func:`run_arm` or :func:`read`), the engine's ``default`` (d) against its ``true`` arm (t) --
+    ``busy_ratio`` = busy_d / busy_t, ``tokens_ratio`` = K_d / K_t (tokens fed, W + R),
+    ``cost_ratio`` = c_d / c_t (step time per token fed), so busy_ratio = cost_ratio x tokens_ratio
+    (:func:`kvdro.experiments.decomposition.ratios`, shared with
+    :func:`kvdro.bench.presets_table.decomposition`); ``reads_max_new`` (:data:`MAX_NEW_READERS`),
+    ``same_run`` (the two rows agree on every measured column: the arm changed nothing) and each
+    arm's recomputed tokens. ``cells``: cell keys or :class:`Cell` s (default: all of ``runs``);
+    ``engines``: presets (default: all). ValueError naming ``cells`` / ``engines`` for a name not in
+    ``runs`` or :data:`ENGINES`, or ``runs`` for a missing column."""
+    from kvdro.experiments.decomposition import ratios
+
+    missing = [c for c in ("cell", "engine", "arm", *_DECOMPOSITION_COLUMNS[:2]) if c not in runs.columns]
+    if missing:
+        raise ValueError(f"runs: missing column(s) {missing} (rerun `python -m kvdro.bench atlas`)")
+    engines = check_engines(engines)
+    known = list(dict.fromkeys(runs["cell"]))
+    if cells is None:
+        keys = known
+    else:
+        keys = [c.key if isinstance(c, Cell) else c for c in ((cells,) if isinstance(cells, (str, Cell)) else cells)]
+        bad = [k for k in keys if k not in known]
+        if bad or not keys:
+            raise ValueError(f"cells: not cells of runs: {bad or keys!r}")
+    idx = runs.set_index(["cell", "engine", "arm"])
+    pairs = [(k, e) for k in keys for e in engines if (k, e, "default") in idx.index and (k, e, "true") in idx.index]
+    if not pairs:
+        raise ValueError("runs: no (cell, engine) with both a default and a true run")
+    d = idx.loc[[(k, e, "default") for k, e in pairs]]
+    t = idx.loc[[(k, e, "true") for k, e in pairs]]
+    r = ratios(d["busy_s"].to_numpy(float), d["tokens_fed"].to_numpy(float), t["busy_s"].to_numpy(float),
+               t["tokens_fed"].to_numpy(float))
+    shared = [c for c in _DECOMPOSITION_COLUMNS if c in runs.columns]
+    same = np.all([d[c].to_numpy() == t[c].to_numpy() for c in shared], axis=0)
+    return pd.DataFrame({"cell": [k for k, _ in pairs], "engine": [e for _, e in pairs], **r,
+                         "reads_max_new": [e in MAX_NEW_READERS for _, e in pairs], "same_run": same,
+                         "recomputed_default": d["recomputed_tokens"].to_numpy() if "recomputed_tokens" in runs else np.nan,
+                         "recomputed_true": t["recomputed_tokens"].to_numpy() if "recomputed_tokens" in runs else np.nan})
