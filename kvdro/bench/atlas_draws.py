@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         table, _ = run_draws(out_dir=args.out, k=args.draws, n_jobs=args.n_jobs, resume=not args.no_resume)
         if Path(args.out).resolve() == DATA.resolve():
             st = ad.stability(table, atlas.read())
-            for line in ad.engine_sentences(st).values():
-                print("  " + line.replace("`", ""))
+            print(f"  kept their class in all {len(ad.DRAWS)} draws: "
+                  + ", ".join(f"{e} {n}" for e, n in ad.engine_counts(st).items()))
             print(ad.changes(st).to_string(index=False))
     except ValueError as exc:
         print(f"python -m kvdro.bench atlas-draws: {exc}")

@@ -24,7 +24,7 @@ i.e. zero is within one half-width of the interval's nearer end: a verdict "with
 always near (zero is inside its interval), except one whose interval has no width and excludes
 zero; a tie in every time block (lo = hi = 0) sits *at* the threshold and is near. Why one
 half-width: the half-width is the block-to-block noise of that very comparison, and the only
-measurement of what a routing draw does, chapter 8's seed study (``data/headroom_seeds.csv``: 20
+measurement of what a routing draw does, the headroom map's seed study (``data/headroom_seeds.csv``, chapter 9: 20
 cells x 4 policies x 8 routing draws over the same arrivals), moved a gain by at most a median 0.68
 of its draw-0 half-width over seven other draws, and every class change it saw happened where d was
 at most 1.0 half-width (:func:`calibration` recomputes both from the cached file). A fixed margin in
@@ -57,10 +57,10 @@ from kvdro.experiments import atlas
 from kvdro.experiments.headroom import ROUTING_SEEDS
 
 __all__ = ["NEAR_HALF_WIDTHS", "ARMS", "UNREAD", "DRAWS", "KEY", "near", "calibration", "routing_draw", "tasks", "run",
-           "compare", "read", "stability", "engine_sentences", "changes"]
+           "compare", "read", "stability", "engine_counts", "changes"]
 
 #: The rule's margin: a verdict is near a threshold when zero is within this many half-widths of its
-#: paired interval's nearer end (module docstring; chosen from chapter 8's seed study before any run).
+#: paired interval's nearer end (module docstring; chosen from the headroom map's seed study before any run).
 NEAR_HALF_WIDTHS: float = 1.0
 #: The verdict arms rerun (against the engine's ``default``).
 ARMS: tuple[str, ...] = ("dro", "dro-soft", "true")
@@ -71,10 +71,11 @@ ARMS: tuple[str, ...] = ("dro", "dro-soft", "true")
 #: ``vllm/core/block_manager.py``: blocks allocated as tokens arrive) and
 #: :data:`kvdro.experiments.atlas.MAX_NEW_UNREAD`.
 UNREAD: tuple[str, ...] = ("vllm-v0", *atlas.MAX_NEW_UNREAD)
-#: The routing seeds of the rerun, chapter 8's (:data:`kvdro.experiments.headroom.ROUTING_SEEDS`,
+#: The routing seeds of the rerun, the seed study's (:data:`kvdro.experiments.headroom.ROUTING_SEEDS`,
 #: 0 to 7): 0 is the atlas's own draw, reproduced (a check that the seed enters where
-#: :func:`routing_draw` puts it), and K = 7 new draws; the whole rerun takes about 2 minutes with 2
-#: workers on this shared 2-core machine (within the 3 minutes allowed it; K = 6 took 89 s).
+#: :func:`routing_draw` puts it), and K = 7 new draws: the whole rerun (568 or 600 runs as the atlas
+#: grew) took 68 to 106 s wall over five runs with 2 workers on this shared 2-core machine, within the
+#: 3 minutes it was given.
 DRAWS: tuple[int, ...] = ROUTING_SEEDS
 #: The columns that identify a row of ``data/atlas_draws.csv``.
 KEY: tuple[str, ...] = ("cell", "engine", "arm", "draw")
@@ -128,10 +129,10 @@ def near(frame: pd.DataFrame, primary: list[str] | None = None, margin: float = 
 
 
 def calibration(seeds: pd.DataFrame | None = None) -> dict[str, float]:
-    """What a routing draw did in chapter 8's seed study (``seeds``: the rows ``kind == "seed"`` of
+    """What a routing draw did in the headroom map's seed study (``seeds``: the rows ``kind == "seed"`` of
     :func:`kvdro.experiments.headroom.headroom_seeds`, the cached ``data/headroom_seeds.csv`` by
     default), in half-widths of each (cell, policy)'s draw-0 interval of its goodput gain:
-    ``pairs`` (cell, policy) compared, ``move_median`` and ``move_p90`` (the largest move of the gain
+    ``pairs`` (cell, policy) compared over ``draws`` routing draws, ``move_median`` and ``move_p90`` (the largest move of the gain
     from draw 0 over the other draws, median and 90th percentile over the pairs), ``flips`` (pairs
     whose class differs in some draw) and ``flip_nearness_max`` (the largest distance from zero to the
     nearer end of draw 0's interval, in half-widths, among the pairs that flip): the figures behind
@@ -155,7 +156,7 @@ def calibration(seeds: pd.DataFrame | None = None) -> dict[str, float]:
     flip = s.groupby(k)["cls"].nunique() > 1
     d = np.minimum(base["lo"].abs(), base["hi"].abs())
     near_rel = (d / half.where(half > 0)).where(d > 0, 0.0)
-    return {"pairs": int(len(base)), "move_median": float(np.median(rel)), "move_p90": float(np.quantile(rel, 0.9)),
+    return {"pairs": int(len(base)), "draws": int(s["routing_seed"].nunique()), "move_median": float(np.median(rel)), "move_p90": float(np.quantile(rel, 0.9)),
             "flips": int(flip.sum()), "flip_nearness_max": float(near_rel[flip[flip].index].max())}
 
 
@@ -286,15 +287,13 @@ def stability(draws: pd.DataFrame, frame: pd.DataFrame, margin: float = NEAR_HAL
 _CLASS = {1: "beats", 0: "noise", -1: "loses"}
 
 
-def engine_sentences(table: pd.DataFrame) -> dict[str, str]:
+def engine_counts(table: pd.DataFrame) -> dict[str, str]:
     """Per engine of :func:`stability`'s ``table``: how many of its selected verdicts keep their
-    class in every draw (the verdicts that do not: :func:`changes`)."""
-    _need(table, ("engine", "holds", "draws"), "table")
+    class in every draw, as "n of m" (the verdicts that do not: :func:`changes`)."""
+    _need(table, ("engine", "holds"), "table")
     if not len(table):
         raise ValueError("table: no selected verdict")
-    n = int(table["draws"].max())
-    return {e: f"`{e}`: {int(sub['holds'].sum())} of {len(sub)} keep their class in all {n} draws"
-            for e in atlas.ENGINES if len(sub := table[table["engine"] == e])}
+    return {e: f"{int(sub['holds'].sum())} of {len(sub)}" for e in atlas.ENGINES if len(sub := table[table["engine"] == e])}
 
 
 def changes(table: pd.DataFrame) -> pd.DataFrame:
