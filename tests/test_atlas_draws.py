@@ -42,6 +42,9 @@ def test_rule_selects_near_and_not_far():
     assert v.loc[("sglang", "dro"), "nearness"] == pytest.approx(0.1 / 0.95)
     assert v.loc[("sglang", "dro-soft"), "nearness"] == pytest.approx(5.0)
     assert "construction" in v.loc[("vllm-v0", "true"), "reason"] and not v.loc[("vllm-v0", "true"), "selected"]
+    # the control band: far, but zero within two half-widths (none here: the far ones are 5 and 16 away)
+    assert set(v["role"]) == {"near", ""} and (v["role"] == "near").equals(v["selected"])
+    assert v.loc[("sglang", "dro-soft"), "role"] == ""
     # the margin is the rule: at 0 half-widths only the tie is near, at 20 every verdict but the one left out
     assert ad.near(FRAME, primary=[KEY], margin=0)["selected"].sum() == 1
     assert ad.near(FRAME, primary=[KEY], margin=20)["selected"].sum() == 6
@@ -61,7 +64,10 @@ def test_reader_on_the_cached_rerun():
     runs, draws = atlas.read(), ad.read()
     st = ad.stability(draws, runs)  # raises if stale or if draw 0 is not the atlas's run
     sel = ad.near(runs)
-    assert len(st) == int(sel["selected"].sum())
+    assert (st["role"] == "near").sum() == int(sel["selected"].sum())
+    control = sel[sel["role"] == "control"]
+    assert (control["nearness"] > ad.NEAR_HALF_WIDTHS).all() and (control["nearness"] <= ad.CONTROL_HALF_WIDTHS).all()
+    assert (st["role"] == "control").sum() == len(control)
     assert (st["draws"] == len(ad.DRAWS)).all()
     assert sorted(draws["draw"].unique()) == list(ad.DRAWS)
     assert (st["point_min"] <= st["point_max"]).all()
@@ -72,8 +78,10 @@ def test_reader_on_the_cached_rerun():
         assert (a <= b + 1e-9).all() and (b <= c + 1e-9).all(), lo
     base = draws[draws["arm"] == "default"]
     assert (base["vs_default_pct"] == 0).all() and (base["cls"] == 0).all()
-    assert st["holds"].sum() == len(st) - len(ad.changes(st))
-    assert sum(int(t.split()[0]) for t in ad.engine_counts(st).values()) == st["holds"].sum()
+    near = st[st["role"] == "near"]
+    assert near["holds"].sum() == len(near) - len(ad.changes(st))
+    assert sum(int(t.split()[0]) for t in ad.engine_counts(st).values()) == near["holds"].sum()
+    assert sum(int(t.split()[2]) for t in ad.engine_counts(st, "control").values()) == len(control)
 
 
 def test_routing_draw_replaces_the_seed_and_restores(monkeypatch):
@@ -100,5 +108,8 @@ def test_bad_arguments_name_themselves(tmp_path):
         bench.run_draws(out_dir=tmp_path, k=0, verbose=False)
     with pytest.raises(ValueError, match="k"):
         bench.run_draws(out_dir=ad.DATA, k=len(ad.DRAWS), verbose=False)
+    with pytest.raises(ValueError, match="role"):
+        ad.changes(pd.DataFrame(columns=["cell", "engine", "arm", "role", "cls", "classes", "holds", "point_min",
+                                         "point_max", "unit"]), role="far")
     with pytest.raises(ValueError, match="n_jobs"):
         bench.run_draws(out_dir=tmp_path, n_jobs=0, verbose=False)

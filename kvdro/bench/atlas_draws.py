@@ -1,8 +1,9 @@
 """Benchmark: routing draws near thresholds, ``python -m kvdro.bench atlas-draws`` (issue 34, item 1).
 
 Selects the verdicts of the atlas near a threshold by the rule of
-:mod:`kvdro.experiments.atlas_draws` (from the cached ``data/atlas_<family>.csv``, no run), reruns
-each selected (primary point, engine)'s ``default`` and selected arms under the routing draws
+:mod:`kvdro.experiments.atlas_draws` (from the cached ``data/atlas_<family>.csv``, no run), and the
+far verdicts nearest the margin as a control, and reruns each such (primary point, engine)'s
+``default`` and those arms under the routing draws
 :data:`~kvdro.experiments.atlas_draws.DRAWS` (seed 0, the atlas's own, as a check, and K new ones)
 with joblib on ``--n-jobs`` worker processes, and writes ``data/atlas_draws.csv`` with its manifest
 (:mod:`kvdro.cachefile`): per (cell, engine, arm, draw) the run's metrics and its paired change
@@ -59,9 +60,10 @@ def run_draws(*, out_dir: str | Path = DATA, k: int = len(ad.DRAWS) - 1, n_jobs:
 
     sel = ad.near(atlas.read())
     todo = ad.tasks(sel, range(k + 1))
-    chosen = sel[sel["selected"]]
+    chosen, control = sel[sel["role"] == "near"], sel[sel["role"] == "control"]
     say(f"rule: zero within {ad.NEAR_HALF_WIDTHS:g} half-width of the paired interval's nearer end; "
-        f"{len(chosen)} of {len(sel)} verdicts selected at {chosen.groupby(['cell', 'engine']).ngroups} "
+        f"{len(chosen)} of {len(sel)} verdicts selected, {len(control)} more as a control (zero within "
+        f"{ad.CONTROL_HALF_WIDTHS:g} half-widths), at {pd.concat([chosen, control]).groupby(['cell', 'engine']).ngroups} "
         f"(point, engine) pairs; draws 0..{k}: {len(todo)} runs")
     start = time.perf_counter()
     old = bench_atlas._read_partial(part) if resume else pd.DataFrame()
@@ -107,16 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list:
             sel = ad.near(atlas.read())
-            for r in sel[sel["selected"]].itertuples():
-                print(f"  {r.cell:<44} {r.engine:<15} {r.arm:<9} class {r.cls:+d}, zero at {r.nearness:.2f} half-widths")
-            print(f"{int(sel['selected'].sum())} of {len(sel)} verdicts near a threshold")
+            for r in sel[sel["role"] != ""].itertuples():
+                print(f"  {r.cell:<44} {r.engine:<15} {r.arm:<9} class {r.cls:+d}, zero at {r.nearness:.2f} half-widths"
+                      f" ({r.role})")
+            print(f"{int(sel['selected'].sum())} of {len(sel)} verdicts near a threshold, "
+                  f"{int((sel['role'] == 'control').sum())} more rerun as a control")
             return 0
         table, _ = run_draws(out_dir=args.out, k=args.draws, n_jobs=args.n_jobs, resume=not args.no_resume)
         if Path(args.out).resolve() == DATA.resolve():
             st = ad.stability(table, atlas.read())
-            print(f"  kept their class in all {len(ad.DRAWS)} draws: "
-                  + ", ".join(f"{e} {n}" for e, n in ad.engine_counts(st).items()))
-            print(ad.changes(st).to_string(index=False))
+            for role in ("near", "control"):
+                print(f"  {role}: kept their class in all {len(ad.DRAWS)} draws: "
+                      + ", ".join(f"{e} {n}" for e, n in ad.engine_counts(st, role).items()))
+                if len(ch := ad.changes(st, role)):
+                    print(ch.to_string(index=False))
     except ValueError as exc:
         print(f"python -m kvdro.bench atlas-draws: {exc}")
         return 2

@@ -36,8 +36,12 @@ run is the default's bit for bit under every draw), and nothing else. The cell's
 every primary point is a stable point of its regime map by the atlas's rule, and a draw that moves
 the regime shows up in the verdict's change, which is what is rerun.
 
+**A control** (added after the first rerun): the far verdicts nearest the margin, zero within
+:data:`CONTROL_HALF_WIDTHS` half-widths, are rerun too (``role == "control"``), to see whether the
+rule misses changes just beyond its margin; they are reported apart and never counted as selected.
+
 **The rerun** (:func:`tasks`, :func:`run`, ``python -m kvdro.bench atlas-draws``): for each
-(primary point, engine) with a selected verdict, the engine's ``default`` and each selected arm
+(primary point, engine) with a selected or control verdict, the engine's ``default`` and each such arm
 under the routing draws :data:`DRAWS` (seed 0, the atlas's own, reproduced as a check of the hook,
 then K = ``len(DRAWS) - 1`` new draws), the arrivals and the fitted estimates fixed;
 :func:`compare` pairs each arm with its own draw's default (:func:`kvdro.experiments.atlas.compare`),
@@ -56,12 +60,15 @@ import pandas as pd
 from kvdro.experiments import atlas
 from kvdro.experiments.headroom import ROUTING_SEEDS
 
-__all__ = ["NEAR_HALF_WIDTHS", "ARMS", "UNREAD", "DRAWS", "KEY", "near", "calibration", "routing_draw", "tasks", "run",
+__all__ = ["NEAR_HALF_WIDTHS", "CONTROL_HALF_WIDTHS", "ARMS", "UNREAD", "DRAWS", "KEY", "near", "calibration", "routing_draw", "tasks", "run",
            "compare", "read", "stability", "engine_counts", "changes"]
 
 #: The rule's margin: a verdict is near a threshold when zero is within this many half-widths of its
 #: paired interval's nearer end (module docstring; chosen from the headroom map's seed study before any run).
 NEAR_HALF_WIDTHS: float = 1.0
+#: The control band: far verdicts with zero within this many half-widths are rerun as a control
+#: (module docstring).
+CONTROL_HALF_WIDTHS: float = 2.0
 #: The verdict arms rerun (against the engine's ``default``).
 ARMS: tuple[str, ...] = ("dro", "dro-soft", "true")
 #: Engines whose admission never reads ``max_new``, so that the ``true`` arm is the default's run
@@ -98,7 +105,9 @@ def near(frame: pd.DataFrame, primary: list[str] | None = None, margin: float = 
     cells (cell keys; default the atlas's primary points) and :data:`ARMS`, with its class
     (``cls``: +1 beats, 0 within noise, -1 loses), the interval of the difference [req/s]
     (``diff_lo``, ``diff_hi``), the distance to the threshold in half-widths (``nearness``; 0 for a
-    tie at zero, inf for a zero-width interval away from zero), ``selected`` and ``reason``.
+    tie at zero, inf for a zero-width interval away from zero), ``selected``, ``reason`` and ``role``
+    (``"near"``: selected; ``"control"``: not selected, zero within :data:`CONTROL_HALF_WIDTHS`
+    half-widths; ``""``: not rerun).
     ValueError names a bad ``frame`` or ``margin``."""
     _need(frame, _VERDICT_COLS, "frame")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not np.isfinite(margin) or margin < 0:
@@ -121,11 +130,13 @@ def near(frame: pd.DataFrame, primary: list[str] | None = None, margin: float = 
     v["selected"] = ~unread & (v["nearness"] <= margin)
     v["reason"] = np.where(unread, "the default's run by construction (max_new unread)",
                            np.where(v["selected"], "near: zero within the margin", "far: zero beyond the margin"))
+    v["role"] = np.where(v["selected"], "near", np.where(~unread & (v["nearness"] <= CONTROL_HALF_WIDTHS), "control", ""))
     order = {k: i for i, k in enumerate(keys)}
     v = v.assign(_c=v["cell"].map(order), _e=v["engine"].map({e: i for i, e in enumerate(atlas.ENGINES)}),
                  _a=v["arm"].map({a: i for i, a in enumerate(ARMS)}))
     v = v.sort_values(["_c", "_e", "_a"], kind="stable")
-    return v[["cell", "engine", "arm", "cls", "diff_lo", "diff_hi", "nearness", "selected", "reason"]].reset_index(drop=True)
+    cols = ["cell", "engine", "arm", "cls", "diff_lo", "diff_hi", "nearness", "selected", "reason", "role"]
+    return v[cols].reset_index(drop=True)
 
 
 def calibration(seeds: pd.DataFrame | None = None) -> dict[str, float]:
@@ -187,13 +198,13 @@ def routing_draw(draw: int):
 
 
 def tasks(selection: pd.DataFrame, draws=DRAWS) -> list[tuple[atlas.Cell, str, str, int]]:
-    """(cell, engine, arm, draw) of the rerun: for each (primary cell, engine) with a selected verdict
-    of ``selection`` (:func:`near`), its ``default`` and its selected arms, under each of ``draws``
+    """(cell, engine, arm, draw) of the rerun: for each (primary cell, engine) with a verdict of
+    ``selection`` (:func:`near`) in the role ``near`` or ``control``, its ``default`` and those arms, under each of ``draws``
     (in the selection's order, the draws of one cell together: a worker keeps its trace loaded)."""
-    _need(selection, ("cell", "engine", "arm", "selected"), "selection")
+    _need(selection, ("cell", "engine", "arm", "role"), "selection")
     draws = _check_draws(draws)
     by_key = {c.key: c for c in atlas.cells(points="primary")}
-    sel = selection[selection["selected"].astype(bool)]
+    sel = selection[selection["role"].isin(["near", "control"])]
     missing = sorted(set(sel["cell"]) - set(by_key))
     if missing:
         raise ValueError(f"selection: cells {missing} are not primary points of the atlas")
@@ -253,16 +264,17 @@ def stability(draws: pd.DataFrame, frame: pd.DataFrame, margin: float = NEAR_HAL
     order), whether it ``holds`` in every draw, the number of draws, and the range of the point
     estimate over the draws (``point_min``, ``point_max``) in the verdict's unit (``unit``: % of the
     default's goodput, or req/s where the atlas reads the difference because the default's goodput
-    comes near zero in resamples). ValueError if ``draws`` is stale: a selected verdict missing, a
-    verdict not selected, or draw 0 not the atlas's own run (another ``served_in_deadline``)."""
+    comes near zero in resamples), and its ``role`` (``near``: selected; ``control``: the far verdicts
+    rerun as a control). ValueError if ``draws`` is stale: a verdict to rerun missing, one not to
+    rerun present, or draw 0 not the atlas's own run (another ``served_in_deadline``)."""
     _need(draws, (*KEY, "served_in_deadline", "cls", "vs_default_pct", "vs_default_diff_rps"), "draws")
     sel = near(frame, margin=margin)
-    sel = sel[sel["selected"]]
+    sel = sel[sel["role"].isin(["near", "control"])]
     arms = draws[draws["arm"] != "default"]
     have = set(zip(arms["cell"], arms["engine"], arms["arm"]))
     want = set(zip(sel["cell"], sel["engine"], sel["arm"]))
     if have != want:
-        raise ValueError(f"draws: stale -- verdicts {sorted(want - have)} missing, {sorted(have - want)} not selected "
+        raise ValueError(f"draws: stale -- verdicts {sorted(want - have)} missing, {sorted(have - want)} not to rerun "
                          "(rerun python -m kvdro.bench atlas-draws)")
     base = frame.set_index(["cell", "engine", "arm"])
     zero = draws[draws["draw"] == 0].set_index(["cell", "engine", "arm"])
@@ -278,7 +290,8 @@ def stability(draws: pd.DataFrame, frame: pd.DataFrame, margin: float = NEAR_HAL
         diff = bool(base.loc[k, "vs_default_base_near_zero"])
         pts = [_point(x, diff) for _, x in d.iterrows()]
         cls = d["cls"].astype(int).tolist()
-        rows.append({"cell": r.cell, "engine": r.engine, "arm": r.arm, "cls": int(r.cls), "nearness": r.nearness,
+        rows.append({"cell": r.cell, "engine": r.engine, "arm": r.arm, "role": r.role, "cls": int(r.cls),
+                     "nearness": r.nearness,
                      "classes": " ".join(f"{c:+d}" for c in cls), "draws": len(cls), "holds": all(c == r.cls for c in cls),
                      "point_min": min(pts), "point_max": max(pts), "unit": "req/s" if diff else "%"})
     return pd.DataFrame(rows)
@@ -287,20 +300,30 @@ def stability(draws: pd.DataFrame, frame: pd.DataFrame, margin: float = NEAR_HAL
 _CLASS = {1: "beats", 0: "noise", -1: "loses"}
 
 
-def engine_counts(table: pd.DataFrame) -> dict[str, str]:
-    """Per engine of :func:`stability`'s ``table``: how many of its selected verdicts keep their
-    class in every draw, as "n of m" (the verdicts that do not: :func:`changes`)."""
+def _role(table: pd.DataFrame, role: str) -> pd.DataFrame:
+    if role not in ("near", "control"):
+        raise ValueError(f"role: must be 'near' or 'control', got {role!r}")
+    _need(table, ("role",), "table")
+    return table[table["role"] == role]
+
+
+def engine_counts(table: pd.DataFrame, role: str = "near") -> dict[str, str]:
+    """Per engine of :func:`stability`'s ``table``: how many of its verdicts in ``role`` (``near``: the
+    selected ones; ``control``) keep their class in every draw, as "n of m" (the verdicts that do
+    not: :func:`changes`)."""
     _need(table, ("engine", "holds"), "table")
+    table = _role(table, role)
     if not len(table):
-        raise ValueError("table: no selected verdict")
+        raise ValueError(f"table: no verdict in the role {role!r}")
     return {e: f"{int(sub['holds'].sum())} of {len(sub)}" for e in atlas.ENGINES if len(sub := table[table["engine"] == e])}
 
 
-def changes(table: pd.DataFrame) -> pd.DataFrame:
-    """The verdicts of :func:`stability`'s ``table`` whose class does not hold: the primary point, engine
+def changes(table: pd.DataFrame, role: str = "near") -> pd.DataFrame:
+    """The verdicts of :func:`stability`'s ``table`` in ``role`` whose class does not hold: the primary point, engine
     and arm, the atlas's class, how many draws give each class, and the range of the change over the
     draws (in % of the default's goodput, or req/s where the atlas reads the difference)."""
     _need(table, ("cell", "engine", "arm", "cls", "classes", "holds", "point_min", "point_max", "unit"), "table")
+    table = _role(table, role)
     rows = []
     for r in table[~table["holds"].astype(bool)].itertuples():
         got = [int(c) for c in r.classes.split()]
