@@ -115,7 +115,7 @@ def test_rerun_and_resume_are_byte_identical(sweep, tmp_path, monkeypatch):
     for f in files:
         assert (again / f).read_bytes() == (out / f).read_bytes(), f
     # interrupted after a few runs, then resumed: the same bytes
-    real, calls = bench._run, []
+    real, calls = bench.run_one, []
 
     def dies(*a):
         calls.append(a)
@@ -124,11 +124,11 @@ def test_rerun_and_resume_are_byte_identical(sweep, tmp_path, monkeypatch):
         return real(*a)
 
     cut = tmp_path / "cut"
-    monkeypatch.setattr(bench, "_run", dies)
+    monkeypatch.setattr(bench, "run_one", dies)
     with pytest.raises(KeyboardInterrupt):
         _sweep(cut)
     assert (cut / "atlas_reduced_conversation.partial.csv").is_file() and not (cut / files[0]).exists()
-    monkeypatch.setattr(bench, "_run", real)
+    monkeypatch.setattr(bench, "run_one", real)
     _sweep(cut)
     for f in files:
         assert (cut / f).read_bytes() == (out / f).read_bytes(), f

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import kvdro.sim
 from kvdro.bench import atlas_draws as bench
 from kvdro.experiments import atlas
 from kvdro.experiments import atlas_draws as ad
@@ -84,14 +83,11 @@ def test_reader_on_the_cached_rerun():
     assert sum(int(t.split()[2]) for t in ad.engine_counts(st, "control").values()) == len(control)
 
 
-def test_routing_draw_replaces_the_seed_and_restores(monkeypatch):
+def test_run_passes_the_draw_as_the_routing_seed(monkeypatch):
     seen = []
-    monkeypatch.setattr(kvdro.sim, "simulate", lambda *a, rng, **kw: seen.append(rng.random()))
-    original = kvdro.sim.simulate
-    with ad.routing_draw(3):
-        kvdro.sim.simulate(rng=np.random.default_rng(0))
-    assert kvdro.sim.simulate is original
-    assert seen == [np.random.default_rng(3).random()]
+    monkeypatch.setattr(atlas, "run_arm", lambda *a, routing_seed, **kw: seen.append(routing_seed) or {"cell": a[0]})
+    assert ad.run("c", "vllm-v1", "dro", 3) == {"draw": 3, "cell": "c"}
+    assert seen == [3]
 
 
 def test_bad_arguments_name_themselves(tmp_path):
@@ -99,9 +95,8 @@ def test_bad_arguments_name_themselves(tmp_path):
         ad.near(FRAME.drop(columns=["vs_default_diff_lo"]), primary=[KEY])
     with pytest.raises(ValueError, match="margin"):
         ad.near(FRAME, primary=[KEY], margin=-1)
-    with pytest.raises(ValueError, match="draw"):
-        with ad.routing_draw(-1):
-            pass
+    with pytest.raises(ValueError, match="routing_seed"):
+        atlas.run_arm(atlas.cells(points="primary")[0], "vllm-v1", "default", routing_seed=-1)
     with pytest.raises(ValueError, match="draws"):
         ad.tasks(ad.near(atlas.read()), draws=(1, 2))
     with pytest.raises(ValueError, match="k"):

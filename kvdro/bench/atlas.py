@@ -59,16 +59,16 @@ def skip_reason() -> str | None:
     return None
 
 
-def _run(cell: atlas.Cell, engine: str, arm: str, quick: int | None) -> dict:
-    """One run in a worker (module-level: picklable)."""
+def run_one(cell: atlas.Cell, engine: str, arm: str, quick: int | None, routing_seed: int = 0) -> dict:
+    """One run in a worker (module-level: picklable), under routing seed ``routing_seed``."""
     if engine == "vllm-v0":
         from kvdro.sim.engine_compiled import warm_up
 
         warm_up()
-    return atlas.run_arm(cell, engine, arm, quick_requests=quick)
+    return atlas.run_arm(cell, engine, arm, quick_requests=quick, routing_seed=routing_seed)
 
 
-def _check_jobs(n_jobs) -> int:
+def check_jobs(n_jobs) -> int:
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, (int, np.integer)) or n_jobs < 1:
         raise ValueError(f"n_jobs: must be an integer >= 1, got {n_jobs!r}")
     return int(n_jobs)
@@ -89,7 +89,7 @@ def _backend(backend: str, n_jobs: int):
         yield
 
 
-def _read_partial(path: Path) -> pd.DataFrame:
+def read_partial(path: Path) -> pd.DataFrame:
     if not path.is_file():
         return pd.DataFrame()
     try:
@@ -111,7 +111,7 @@ def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, back
     from kvdro.cachefile import ensure_writable, partial_path, write_csv_atomic
 
     (family,) = atlas.check_families((family,))
-    n_jobs = _check_jobs(n_jobs)
+    n_jobs = check_jobs(n_jobs)
     if points not in atlas.POINTS:
         raise ValueError(f"points: must be one of {atlas.POINTS}, got {points!r}")
     if backend not in BACKENDS:
@@ -144,7 +144,7 @@ def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, back
         say(f"  {c.key:<44} {c.model}, rule: {c.rule} (map: {c.map_regime}); estimates fitted {c.fit}"
             + (f"; the first {c.window_s:g} s of the trace" if np.isfinite(c.window_s) else ""))
     start = time.perf_counter()
-    old = _read_partial(part) if resume else pd.DataFrame()
+    old = read_partial(part) if resume else pd.DataFrame()
     done = {tuple(r[k] for k in KEY): r for r in old.to_dict("records")} if set(KEY) <= set(old.columns) else {}
     missing = [t for t in todo if (t[0].key, t[1], t[2]) not in done]
     if done:
@@ -157,16 +157,16 @@ def run_family(family: str, *, out_dir: str | Path = DATA, n_jobs: int = 2, back
         for i in range(0, len(missing), chunk):
             batch = missing[i:i + chunk]
             if pool is None:
-                new = [_run(c, e, a, quick) for c, e, a in batch]
+                new = [run_one(c, e, a, quick) for c, e, a in batch]
             else:
-                new = pool(delayed(_run)(c, e, a, quick) for c, e, a in batch)
+                new = pool(delayed(run_one)(c, e, a, quick) for c, e, a in batch)
             rows.extend(new)
             write_csv_atomic(pd.DataFrame(rows), part, decimals=DECIMALS + 3, manifest=False)
             say(f"  {len(rows)}/{len(todo)} runs ({time.perf_counter() - start:.0f} s)", flush=True)
     if not missing and not part.is_file():
         write_csv_atomic(pd.DataFrame(rows), part, decimals=DECIMALS + 3, manifest=False)
     # The tables come from the runs as stored (read back): a resumed sweep writes the same bytes.
-    runs = _read_partial(part).set_index(list(KEY))
+    runs = read_partial(part).set_index(list(KEY))
     runs = runs.loc[[(c.key, e, a) for c, e, a in todo]].reset_index()
     runs = runs[["family", *KEY] + [c for c in runs.columns if c not in ("family", *KEY)]]
     table = atlas.compare(runs).drop(columns=["served_blocks"])

@@ -35,8 +35,7 @@ DATA = atlas.DATA
 
 def _run(cell: atlas.Cell, engine: str, arm: str, draw: int) -> dict:
     """One run in a worker (module-level: picklable), the atlas's worker under routing seed ``draw``."""
-    with ad.routing_draw(draw):
-        return {"draw": int(draw), **bench_atlas._run(cell, engine, arm, None)}
+    return {"draw": int(draw), **bench_atlas.run_one(cell, engine, arm, None, routing_seed=draw)}
 
 
 def run_draws(*, out_dir: str | Path = DATA, k: int = len(ad.DRAWS) - 1, n_jobs: int = 2, resume: bool = True,
@@ -47,7 +46,7 @@ def run_draws(*, out_dir: str | Path = DATA, k: int = len(ad.DRAWS) - 1, n_jobs:
 
     from kvdro.cachefile import ensure_writable, partial_path, write_csv_atomic
 
-    n_jobs = bench_atlas._check_jobs(n_jobs)
+    n_jobs = bench_atlas.check_jobs(n_jobs)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k: must be an integer >= 1 (new routing draws), got {k!r}")
     out_dir = Path(out_dir)
@@ -66,7 +65,7 @@ def run_draws(*, out_dir: str | Path = DATA, k: int = len(ad.DRAWS) - 1, n_jobs:
         f"{ad.CONTROL_HALF_WIDTHS:g} half-widths), at {pd.concat([chosen, control]).groupby(['cell', 'engine']).ngroups} "
         f"(point, engine) pairs; draws 0..{k}: {len(todo)} runs")
     start = time.perf_counter()
-    old = bench_atlas._read_partial(part) if resume else pd.DataFrame()
+    old = bench_atlas.read_partial(part) if resume else pd.DataFrame()
     key = ad.KEY
     done = {tuple(r[c] for c in key): r for r in old.to_dict("records")} if set(key) <= set(old.columns) else {}
     missing = [t for t in todo if (t[0].key, t[1], t[2], t[3]) not in done]
@@ -85,7 +84,7 @@ def run_draws(*, out_dir: str | Path = DATA, k: int = len(ad.DRAWS) - 1, n_jobs:
     if not missing and not part.is_file():
         write_csv_atomic(pd.DataFrame(rows), part, decimals=bench_atlas.DECIMALS + 3, manifest=False)
     # The table comes from the runs as stored (read back): a resumed rerun writes the same bytes.
-    runs = bench_atlas._read_partial(part).set_index(list(key))
+    runs = bench_atlas.read_partial(part).set_index(list(key))
     runs = runs.loc[[(c.key, e, a, d) for c, e, a, d in todo]].reset_index()
     runs = runs[[*key, *[c for c in runs.columns if c not in key]]]
     table = ad.compare(runs)

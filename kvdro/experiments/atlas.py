@@ -89,7 +89,7 @@ from kvdro.experiments import uncertainty as unc
 __all__ = ["ENGINES", "FAMILIES", "ARMS", "Arm", "Cell", "TRUE_LENGTH_ARMS", "ESTIMATE_ARMS", "CLIENT_CAP",
            "R1_WINDOW_S", "RHO", "pick_point", "cells", "arms_for", "tasks", "cell_inputs", "run_arm", "compare",
            "length_value", "check_families", "check_engines", "VERDICT_ARMS", "ENGINE_FAMILIES", "MAX_NEW_UNREAD",
-           "read", "describe", "point_name", "change_text", "verdict", "verdict_sentences", "value_summary", "size",
+           "read", "sign", "describe", "point_name", "change_text", "verdict", "verdict_sentences", "value_summary", "size",
            "MAX_NEW_READERS", "decomposition"]
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -320,13 +320,16 @@ def _buffers(cell: Cell, policy: str):
     return policy_buffers(policy, cell_inputs(cell)[1], rho=RHO)
 
 
-def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = None) -> dict:
-    """Simulate one (cell, engine, arm) with routing seed 0 and measure it (module docstring): rates
+def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = None, routing_seed: int = 0) -> dict:
+    """Simulate one (cell, engine, arm) under routing seed ``routing_seed`` (the atlas's is 0; other
+    draws: :mod:`kvdro.experiments.atlas_draws`) and measure it (module docstring): rates
     in requests per second, times in seconds, shares in [0, 1]; ``served_blocks``: requests served
     within their deadline per time block of the test trace (:func:`kvdro.experiments.uncertainty.encode`)."""
     from kvdro.sim import simulate
 
     check_engines((engine,))
+    if isinstance(routing_seed, bool) or not isinstance(routing_seed, (int, np.integer)) or routing_seed < 0:
+        raise ValueError(f"routing_seed: must be an integer >= 0, got {routing_seed!r}")
     if arm not in _ARM or engine not in _ARM[arm].engines:
         raise ValueError(f"arm: {arm!r} is not an arm of {engine!r} ({[a.name for a in arms_for(engine)]})")
     a = _ARM[arm]
@@ -342,7 +345,7 @@ def run_arm(cell: Cell, engine: str, arm: str, *, quick_requests: int | None = N
         from kvdro.experiments.headroom import length_predictions
 
         hint = length_predictions(cell_inputs(cell)[1], test, a.hint)
-    r = simulate(test, policy=a.policy, buffers=buffers, deployment=dep, rho=RHO, rng=np.random.default_rng(0),
+    r = simulate(test, policy=a.policy, buffers=buffers, deployment=dep, rho=RHO, rng=np.random.default_rng(int(routing_seed)),
                  engine=engine, max_new=max_new, schedule=a.schedule, length_hint=hint)
     q, m = r.requests, r.metrics
     stats = _fed(r)
@@ -504,7 +507,7 @@ def change_text(row: pd.Series, tag: str = "default") -> str:
     return f"{row[f'vs_{tag}_pct']:+.1f}% [{row[f'vs_{tag}_lo']:+.1f}, {row[f'vs_{tag}_hi']:+.1f}]"
 
 
-def _sign(row: pd.Series, tag: str = "default") -> int:
+def sign(row: pd.Series, tag: str = "default") -> int:
     """+1 / -1 where the paired interval lies wholly above / below zero, else 0 (read on the
     difference where the baseline comes near zero)."""
     lo, hi = (("diff_lo", "diff_hi") if bool(row[f"vs_{tag}_base_near_zero"]) else ("lo", "hi"))
@@ -527,7 +530,7 @@ def verdict(frame: pd.DataFrame, primary: list[Cell] | None = None) -> pd.DataFr
             for a in VERDICT_ARMS:
                 r = idx.loc[(c.key, e, a)] if (c.key, e, a) in idx.index else None
                 row[a] = "—" if r is None else change_text(r)
-                row[f"sign_{a}"] = np.nan if r is None else _sign(r)
+                row[f"sign_{a}"] = np.nan if r is None else sign(r)
             rows.append(row)
     if not rows:
         raise ValueError("frame: no run of a primary cell (read the atlas with read())")

@@ -52,7 +52,6 @@ point estimate.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +60,7 @@ import pandas as pd
 from kvdro.experiments import atlas
 from kvdro.experiments.headroom import ROUTING_SEEDS
 
-__all__ = ["NEAR_HALF_WIDTHS", "CONTROL_HALF_WIDTHS", "ARMS", "UNREAD", "DRAWS", "KEY", "near", "calibration", "routing_draw", "tasks", "run",
+__all__ = ["NEAR_HALF_WIDTHS", "CONTROL_HALF_WIDTHS", "ARMS", "UNREAD", "DRAWS", "KEY", "near", "calibration", "tasks", "run",
            "compare", "read", "stability", "engine_counts", "changes"]
 
 #: The rule's margin: a verdict is near a threshold when zero is within this many half-widths of its
@@ -81,7 +80,7 @@ ARMS: tuple[str, ...] = ("dro", "dro-soft", "true")
 UNREAD: tuple[str, ...] = ("vllm-v0", *atlas.MAX_NEW_UNREAD)
 #: The routing seeds of the rerun, the seed study's (:data:`kvdro.experiments.headroom.ROUTING_SEEDS`,
 #: 0 to 7): 0 is the atlas's own draw, reproduced (a check that the seed enters where
-#: :func:`routing_draw` puts it), and K = 7 new draws: the whole rerun (784 runs with the control)
+#: ``run_arm(..., routing_seed=)`` puts it), and K = 7 new draws: the whole rerun (784 runs with the control)
 #: takes 56 to 78 s wall with 2 workers on this shared 2-core machine (three runs; 568 to 600 runs
 #: without the control, 68 to 106 s), within the 3 minutes it was given.
 DRAWS: tuple[int, ...] = ROUTING_SEEDS
@@ -117,7 +116,7 @@ def near(frame: pd.DataFrame, primary: list[str] | None = None, margin: float = 
     v = frame[frame["cell"].isin(keys) & frame["arm"].isin(ARMS)].copy()
     if not len(v):
         raise ValueError("frame: no verdict (arms dro, dro-soft, true) at the primary cells")
-    v["cls"] = [atlas._sign(r) for _, r in v.iterrows()]
+    v["cls"] = [atlas.sign(r) for _, r in v.iterrows()]
     lo, hi = v["vs_default_diff_lo"].astype(float).to_numpy(), v["vs_default_diff_hi"].astype(float).to_numpy()
     by_diff = np.where(lo > 0, 1, np.where(hi < 0, -1, 0))
     if (by_diff != v["cls"].to_numpy()).any():
@@ -174,30 +173,6 @@ def calibration(seeds: pd.DataFrame | None = None) -> dict[str, float]:
 
 # --- The rerun under other routing draws ---
 
-@contextlib.contextmanager
-def routing_draw(draw: int):
-    """Within the block, :func:`kvdro.experiments.atlas.run_arm` routes with
-    ``numpy.random.default_rng(draw)`` instead of its seed 0: ``kvdro.sim.simulate`` (which
-    ``run_arm`` looks up at each call) is wrapped to replace the ``rng`` it is given; nothing else
-    changes. The atlas's ``run_arm`` takes no seed of its own; this keeps it untouched (a
-    ``routing_seed`` keyword there would make the wrapper unnecessary). ValueError names a bad ``draw``."""
-    import kvdro.sim as sim
-
-    if isinstance(draw, bool) or not isinstance(draw, (int, np.integer)) or draw < 0:
-        raise ValueError(f"draw: must be a routing seed, an integer >= 0, got {draw!r}")
-    original = sim.simulate
-
-    def simulate(*args, **kwargs):
-        kwargs["rng"] = np.random.default_rng(int(draw))
-        return original(*args, **kwargs)
-
-    sim.simulate = simulate
-    try:
-        yield
-    finally:
-        sim.simulate = original
-
-
 def tasks(selection: pd.DataFrame, draws=DRAWS) -> list[tuple[atlas.Cell, str, str, int]]:
     """(cell, engine, arm, draw) of the rerun: for each (primary cell, engine) with a verdict of
     ``selection`` (:func:`near`) in the role ``near`` or ``control``, its ``default`` and those arms, under each of ``draws``
@@ -224,11 +199,8 @@ def _check_draws(draws) -> tuple[int, ...]:
 
 
 def run(cell: atlas.Cell, engine: str, arm: str, draw: int) -> dict:
-    """:func:`kvdro.experiments.atlas.run_arm` under routing seed ``draw`` (:func:`routing_draw`),
-    with the draw in the row."""
-    with routing_draw(draw):
-        row = atlas.run_arm(cell, engine, arm)
-    return {"draw": int(draw), **row}
+    """:func:`kvdro.experiments.atlas.run_arm` under routing seed ``draw``, with the draw in the row."""
+    return {"draw": int(draw), **atlas.run_arm(cell, engine, arm, routing_seed=draw)}
 
 
 def compare(runs: pd.DataFrame) -> pd.DataFrame:
@@ -240,7 +212,7 @@ def compare(runs: pd.DataFrame) -> pd.DataFrame:
     parts = []
     for _, part in runs.groupby("draw", sort=False):
         c = atlas.compare(part.reset_index(drop=True))
-        c["cls"] = [atlas._sign(r) for _, r in c.iterrows()]
+        c["cls"] = [atlas.sign(r) for _, r in c.iterrows()]
         parts.append(c)
     out = pd.concat(parts, ignore_index=True)
     return out.drop(columns=["served_blocks", *[c for c in out.columns if c.startswith("vs_v1_")]])
