@@ -62,11 +62,11 @@ Python (``engine_fast.py``, issue 9), one Python iteration per *event* (a comple
 an arrival, a preemption), not per step: 96 % of its time was that loop, so fewer Python-level
 events could not make it much faster without changing what is simulated. A compiled loop did
 (issue 29; when the Python engine was retired, 11x less engine time on the conversation trace's
-four cases of ``python -m kvdro.bench sim``, part 2). numba compiles the loop from this Python source at first use
-(``cache=True``: once per machine, then loaded from ``__pycache__``), ships as wheels for every
-platform the book supports, and needs no compiler at install -- Cython or a C extension would need
-a build step in ``pip install`` and in Binder; a rewrite in numpy vector operations does not fit an
-event loop whose every iteration depends on the last. numba is a required dependency
+four cases of ``python -m kvdro.bench sim``, part 2). numba compiles the loop from this Python
+source at first use (``cache=True``: once per machine, then loaded from ``__pycache__``), ships as
+wheels for every platform the book supports, and needs no compiler at install -- Cython or a C
+extension would need a build step in ``pip install`` and in Binder; a rewrite in numpy vector
+operations does not fit an event loop whose every iteration depends on the last. numba is a required dependency
 (``pyproject.toml``). With ``NUMBA_DISABLE_JIT=1`` the same source runs as plain Python (slowly,
 with the same results: ``tests/test_sim_compiled.py``), which is how to step through it in a
 debugger. The Python engine, a third copy of one algorithm, was retired in issue 32; what that
