@@ -15,7 +15,10 @@ engine it replaced, which was retired in issue 32), and linear in the trace leng
 3. Scaling: the conversation trace tiled 1x-32x (copies one after another, the same load), the
    compiled engine's time and the exponent of a log-log fit of time against length.
 4. Compilation: the compiled engine's first call in a fresh process with an empty numba cache
-   (compilation), with the cache (what every later process pays) and warm.
+   (compilation), with the cache (what every later process pays) and warm. Since the pure-Python
+   engine was retired (issue 32) every process that simulates pays the cached load, one-off runs
+   included: a one-off ``python -m kvdro simulate`` of this trace costs 1.71 CPU s instead of 1.17
+   (``python -m kvdro.bench startup`` times it).
 5. Scale (issue 33; ``--scale``, or ``--scale-only`` for this part alone, several minutes and ~5 GB
    at 10**7 requests): ``simulate`` with the compiled engine, one fresh process per size, on the
    conversation trace tiled to 10**7 requests, a ServeGen R1 day at production rate and the
