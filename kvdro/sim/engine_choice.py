@@ -53,7 +53,7 @@ __all__ = ["IMPLEMENTATIONS", "RETIRED", "MAX_NEW_MODES", "resolve_engine", "che
 IMPLEMENTATIONS: tuple[str, ...] = ("fast", "reference")
 #: Implementations that were retired, and what to use instead (the ValueError's advice).
 RETIRED: dict[str, str] = {
-    "fast-python": "vLLM v0's pure-Python event engine was retired (issue 32): use implementation='fast' (the "
+    "fast-python": "vLLM v0's pure-Python event engine was retired: use implementation='fast' (the "
                    "compiled engine; with NUMBA_DISABLE_JIT=1 its source runs as plain Python, for debugging) "
                    "or implementation='reference' (step by step)",
 }
