@@ -491,9 +491,15 @@ def describe(cell: Cell) -> str:
             f"{cell.deployment} at {cell.load:.3g} × the trace's rate ({cell.map_regime})")
 
 
+#: Short workload names of :func:`point_name`: the Azure conversation trace runs on two models.
+_POINT_NAMES = {"conversation": "conversation 70B", "conversation-70b": "conversation 70B",
+                "conversation-7b": "conversation 7B"}
+
+
 def point_name(cell: Cell) -> str:
-    """A short name of a primary point: the atlas workload and the GPU (one primary point each)."""
-    return f"{cell.workload} {cell.gpu.split('-')[0].upper()}"
+    """A short name of a primary point: the workload (with the model where one trace runs on two)
+    and the GPU (one primary point each)."""
+    return f"{_POINT_NAMES.get(cell.workload, cell.workload)} {cell.gpu.split('-')[0].upper()}"
 
 
 def change_text(row: pd.Series, tag: str = "default") -> str:
