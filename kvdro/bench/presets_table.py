@@ -24,13 +24,13 @@ import pandas as pd
 
 from kvdro.bench import presets
 from kvdro.experiments.uncertainty import Interval
+from kvdro.sim.engines import ADMISSION
 
 #: The columns of the book's table: max_new arms of the cache, then the look-ahead (vLLM v0 only).
 ARMS: dict[str, str] = {"unset": "default (max_new unset)", "1000": "client cap 1,000", "policy": "DRO estimate as max_new",
                         "policy-soft": "DRO estimate, may grow", "true": "true length", "lookahead": "look-ahead"}
-#: What each preset sets aside at admission (chapter 7's table, kvdro.sim.engines): its family.
-FAMILY: dict[str, str] = {"vllm-v0": "reactive", "vllm-v1": "reactive", "trtllm-maxutil": "reactive",
-                          "sglang": "ratio", "trtllm-gne": "reserves max_new", "lightllm": "reserves max_new"}
+#: What each preset sets aside at admission: its family (:data:`kvdro.sim.engines.ADMISSION`).
+FAMILY: dict[str, str] = ADMISSION
 LOOKAHEAD_ENGINE = "vllm-v0"  # the look-ahead is an admission rule of vLLM v0's scheduler (kvdro.sim.scheduler)
 
 

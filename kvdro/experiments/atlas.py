@@ -85,6 +85,7 @@ import numpy as np
 import pandas as pd
 
 from kvdro.experiments import uncertainty as unc
+from kvdro.sim.engines import READS_MAX_NEW
 
 __all__ = ["ENGINES", "FAMILIES", "ARMS", "Arm", "Cell", "TRUE_LENGTH_ARMS", "ESTIMATE_ARMS", "CLIENT_CAP",
            "R1_WINDOW_S", "RHO", "pick_point", "cells", "arms_for", "tasks", "cell_inputs", "run_arm", "compare",
@@ -592,11 +593,10 @@ def size(runs: pd.DataFrame, cell_list: list[Cell] | None = None) -> dict[str, i
     return {"cells": int(n_cells), "runs": int(len(runs)), "arms_per_cell": int(per.iloc[0])}
 
 
-#: Presets whose admission reads ``max_new`` (:mod:`kvdro.sim.engines`): SGLang's ``PrefillAdder``
-#: (``new_token_ratio`` x max_new), TensorRT-LLM's GUARANTEED_NO_EVICT (reserves max_new) and
-#: LightLLM's peak rule (``kvdro.sim.engines.sglang``, ``.trtllm``, ``.lightllm``). vLLM v0 and v1
-#: and TensorRT-LLM's max-utilization policy admit on the prompt alone.
-MAX_NEW_READERS: tuple[str, ...] = ("sglang", "trtllm-gne", "lightllm")
+#: Presets whose admission reads ``max_new`` (:data:`kvdro.sim.engines.READS_MAX_NEW`: SGLang's
+#: ``PrefillAdder``, TensorRT-LLM's GUARANTEED_NO_EVICT, LightLLM's peak rule); vLLM v0 and v1 and
+#: TensorRT-LLM's max-utilization policy admit on the prompt alone.
+MAX_NEW_READERS: tuple[str, ...] = READS_MAX_NEW
 _DECOMPOSITION_COLUMNS = ("busy_s", "tokens_fed", "recomputed_tokens", "served_blocks", "preemptions", "capped",
                           "served_in_deadline", "kv_use_mean")
 

@@ -28,12 +28,21 @@ import pandas as pd
 
 from kvdro.sim.engines import lightllm, sglang, trtllm, vllm_v0, vllm_v1
 
-__all__ = ["ENGINES", "DEFAULT_ENGINE", "PRESETS", "make_config", "rules", "step_trace"]
+__all__ = ["ENGINES", "DEFAULT_ENGINE", "ADMISSION", "READS_MAX_NEW", "PRESETS", "make_config", "rules", "step_trace"]
 
 #: The preset names ``simulate(engine=...)`` and ``--engine`` accept.
 ENGINES: tuple[str, ...] = ("vllm-v0", "vllm-v1", "sglang", "trtllm-gne", "trtllm-maxutil", "lightllm")
 #: Today's engine, so that results and caches made before the presets hold.
 DEFAULT_ENGINE = "vllm-v0"
+#: What each preset sets aside at admission (chapter 7's table): ``reactive`` -- blocks as a sequence
+#: grows, admission on the prompt alone (vLLM v0's ``can_allocate``, v1's ``allocate_slots``,
+#: TensorRT-LLM MAX_UTILIZATION); ``ratio`` -- SGLang's ``new_token_ratio`` x max_new
+#: (``PrefillAdder``); ``reserves max_new`` -- all of it (TensorRT-LLM GUARANTEED_NO_EVICT, LightLLM's
+#: peak rule).
+ADMISSION: dict[str, str] = {"vllm-v0": "reactive", "vllm-v1": "reactive", "trtllm-maxutil": "reactive",
+                             "sglang": "ratio", "trtllm-gne": "reserves max_new", "lightllm": "reserves max_new"}
+#: The presets whose admission reads ``max_new`` (:data:`ADMISSION` not reactive).
+READS_MAX_NEW: tuple[str, ...] = tuple(e for e in ENGINES if ADMISSION[e] != "reactive")
 #: preset -> (its rules' module, the knobs the name fixes).
 PRESETS: dict[str, tuple[object, dict]] = {
     "vllm-v0": (vllm_v0, {}),
