@@ -24,7 +24,7 @@ def test_tiled_trace_is_the_conversation_trace_again_and_again():
 def test_measure_counts_every_request():
     row = scale.measure("azure-tiled", 3000)
     assert row["requests"] == 3000 == row["completed"] + row["ignored"]
-    assert row["rss_peak_mb"] >= row["rss_trace_mb"] >= row["rss_base_mb"] > 0 and row["cpu_s"] > 0
+    assert row["rss_trace_mb"] >= row["rss_base_mb"] > 0 and row["cpu_s"] > 0
 
 
 def test_exponent_and_bad_kind():
