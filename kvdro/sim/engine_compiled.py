@@ -207,14 +207,9 @@ def warm_up() -> None:
     later process -- two pytest-xdist workers, a chapter's kernel -- pays the ~15 CPU s compilation
     or compiles the same kernels at the same time. Runs 20 tiny requests through this engine and
     each compiled preset (:func:`kvdro.sim.presets_compiled.warm_up`)."""
-    from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
+    from kvdro.sim.presets_compiled import warm_up_case
 
-    clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
-    spec = EngineSpec(blocks=40, watermark_blocks=1, max_num_seqs=8, token_budget=400, free_block_rule=True)
-    n = 20
-    zeros = np.zeros(n, dtype=np.int64)
-    inp = EngineInput(arrival_ps=zeros, prompt=np.full(n, 30, dtype=np.int64), output=np.full(n, 40, dtype=np.int64),
-                      reserve_blocks=zeros, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=zeros)
+    clock, spec, inp = warm_up_case(watermark_blocks=1)
     run_compiled(spec, inp, clock)
     from kvdro.sim.presets_compiled import warm_up as warm_up_presets
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-__all__ = ["COMPILED", "MODULES", "run_compiled_preset", "has_compiled", "warm_up"]
+__all__ = ["COMPILED", "MODULES", "run_compiled_preset", "has_compiled", "warm_up", "warm_up_case"]
 
 #: preset -> the module of this package that runs it (its ``run(engine, cfg, spec, inp, max_new, clock, *, window)``).
 MODULES: dict[str, str] = {
@@ -58,16 +58,28 @@ def warm_up() -> None:
     or chapter pays the ~10 CPU s per engine family, or compiles it at the same time as another."""
     import numpy as np
 
-    from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
     from kvdro.sim.engines import make_config
+
+    clock, spec, inp = warm_up_case(watermark_blocks=0)
+    for engine in COMPILED:
+        run_compiled_preset(engine, make_config(engine), spec, inp, np.array(inp.output, copy=True), clock, window=4096)
+
+
+def warm_up_case(*, watermark_blocks: int):
+    """The tiny run that compiles a kernel (:func:`warm_up`, :func:`kvdro.sim.engine_compiled.warm_up`):
+    (clock, spec, input) of 20 requests of 30 prompt and 40 output tokens at time 0 on a 40-block pool
+    (Llama-2-70B, A100, TP4)."""
+    import numpy as np
+
+    from kvdro.hardware import A100_80GB, LLAMA2_70B, ParallelConfig
     from kvdro.sim.scheduler import EngineInput, EngineSpec
     from kvdro.sim.timing import StepClock
 
     clock = StepClock(LLAMA2_70B, A100_80GB, ParallelConfig(4, 1))
-    spec = EngineSpec(blocks=40, watermark_blocks=0, max_num_seqs=8, token_budget=400, free_block_rule=True)
+    spec = EngineSpec(blocks=40, watermark_blocks=watermark_blocks, max_num_seqs=8, token_budget=400,
+                      free_block_rule=True)
     n = 20
     zeros = np.zeros(n, dtype=np.int64)
     inp = EngineInput(arrival_ps=zeros, prompt=np.full(n, 30, dtype=np.int64), output=np.full(n, 40, dtype=np.int64),
                       reserve_blocks=zeros, prefix_key=np.full(n, -1, dtype=np.int64), shared_blocks=zeros)
-    for engine in COMPILED:
-        run_compiled_preset(engine, make_config(engine), spec, inp, np.full(n, 40, dtype=np.int64), clock, window=4096)
+    return clock, spec, inp
